@@ -1,0 +1,39 @@
+# The two set-up commands of the README: `make run` and `make test`. Each makes .venv itself.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PG_TEST_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+REDIS_TEST_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test test-pg browser bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+run: $(VENV)/.installed  ## Tunedeck on embedded defaults: http://127.0.0.1:8000
+	$(BIN)/tunedeck up
+
+browser:  ## Debian's Chromium, for the browser tests (never a downloaded one)
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less broker
+	$(BIN)/pytest -q
+
+test-pg: $(VENV)/.installed-dev browser  ## the same suite on PostgreSQL + Redis
+	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) $(BIN)/pytest -q
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/datasets.py
+	$(BIN)/python bench/api.py
+
+clean:
+	rm -rf $(VENV) data test-artifacts

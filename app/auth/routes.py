@@ -1,0 +1,52 @@
+"""Users and API tokens (/api/v1/users, /api/v1/tokens)."""
+
+from fastapi import APIRouter, HTTPException, status
+from sqlmodel import select
+
+from app.auth import service
+from app.auth.models import (
+    ApiTokenCreate, ApiTokenCreated, ApiTokenPublic, ApiTokensPublic, User, UserCreate, UserPublic, UsersPublic,
+)
+from app.core.deps import AdminUser, CurrentUser, SessionDep
+
+router = APIRouter(prefix="/api/v1", tags=["auth"])
+
+
+@router.get("/users/me", response_model=UserPublic)
+def read_me(user: CurrentUser) -> User:
+    return user
+
+
+@router.get("/users", response_model=UsersPublic)
+def list_users(session: SessionDep, _: AdminUser) -> UsersPublic:
+    users = session.exec(select(User).order_by(User.id)).all()
+    return UsersPublic(data=[UserPublic.model_validate(u) for u in users], count=len(users))
+
+
+@router.post("/users", response_model=UserPublic, status_code=status.HTTP_201_CREATED)
+def create_user(data: UserCreate, session: SessionDep, _: AdminUser) -> User:
+    try:
+        return service.create_user(session, data)
+    except service.UsernameTaken as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+
+
+@router.get("/tokens", response_model=ApiTokensPublic)
+def list_tokens(session: SessionDep, user: CurrentUser) -> ApiTokensPublic:
+    tokens = service.list_tokens(session, user)
+    return ApiTokensPublic(data=[ApiTokenPublic.model_validate(t) for t in tokens], count=len(tokens))
+
+
+@router.post("/tokens", response_model=ApiTokenCreated, status_code=status.HTTP_201_CREATED)
+def create_token(data: ApiTokenCreate, session: SessionDep, user: CurrentUser) -> ApiTokenCreated:
+    """Mint a token. Its secret is in this response only; Tunedeck keeps just a hash."""
+    token, secret = service.create_token(session, user, data.name)
+    return ApiTokenCreated(**token.model_dump(), token=secret)
+
+
+@router.delete("/tokens/{token_id}", response_model=ApiTokenPublic)
+def revoke_token(token_id: int, session: SessionDep, user: CurrentUser):
+    token = service.revoke_token(session, user, token_id)
+    if token is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
+    return token

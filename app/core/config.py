@@ -1,0 +1,66 @@
+"""Settings, read once from the environment (TUNEDECK_*)."""
+
+import secrets
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNEDECK_", extra="ignore")
+
+    data_dir: Path = Path("data")
+    database_url: str | None = None
+    broker_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_username: str = "admin"
+    admin_password: str | None = None
+    admin_token: str | None = None
+    secret_key: str | None = None
+    pool: str = "cpu"
+    max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
+    worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    cookie_secure: bool = False
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @cached_property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'tunedeck.db'}"
+
+    @cached_property
+    def celery_broker_url(self) -> str:
+        """The configured broker, or a SQLite-file broker that needs no server."""
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.data_dir / "storage"
+
+    @property
+    def public_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def session_secret(self) -> str:
+        """The cookie-signing key: TUNEDECK_SECRET_KEY, else one made once and kept in the data dir."""
+        if self.secret_key:
+            return self.secret_key
+        path = self.data_dir / "secret_key"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(secrets.token_urlsafe(48))
+            tmp.chmod(0o600)
+            tmp.replace(path)
+        return path.read_text().strip()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,67 @@
+"""Engine, sessions and migrations. The database is the source of truth for every process."""
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, event
+from sqlmodel import Session, create_engine
+
+from app.core.config import get_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    settings = get_settings()
+    url = settings.sqlalchemy_url
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def reset_engine() -> None:
+    """Drop pooled connections; a forked worker child calls this before touching the DB."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose(close=False)
+    get_engine.cache_clear()
+
+
+def get_session() -> Iterator[Session]:
+    with Session(get_engine()) as session:
+        yield session
+
+
+def session_scope() -> Session:
+    return Session(get_engine())
+
+
+def upgrade() -> None:
+    """Bring the schema to the newest migration (alembic upgrade head)."""
+    from alembic import command
+    from alembic.config import Config
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", settings.sqlalchemy_url.replace("%", "%%"))
+    command.upgrade(cfg, "head")

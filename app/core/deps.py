@@ -1,0 +1,90 @@
+"""Dependency aliases shared by every router: the DB session and who is asking.
+
+API routes take `Authorization: Bearer <token>`. The dashboard's own scripts call the same API
+with the session cookie instead; then any state-changing request must carry the session's CSRF
+token in `X-CSRF-Token`.
+"""
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Form, HTTPException, Request, status
+from sqlmodel import Session
+
+from app.auth import service as auth_service
+from app.auth.models import User
+from app.core.db import get_session
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+
+def csrf_token(request: Request) -> str:
+    token = request.session.get("csrf")
+    if not token:
+        token = request.session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+def _csrf_ok(request: Request, supplied: str | None) -> bool:
+    expected = request.session.get("csrf")
+    return bool(expected and supplied and secrets.compare_digest(expected, supplied))
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_current_user(request: Request, session: SessionDep) -> User:
+    header = request.headers.get("authorization")
+    if header:
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise _unauthorized("Authorization header must be 'Bearer <token>'")
+        user = auth_service.user_for_token(session, secret.strip())
+        if user is None:
+            raise _unauthorized("invalid or revoked API token")
+        return user
+    user_id = request.session.get("user_id")
+    user = session.get(User, user_id) if user_id is not None else None
+    if user is None:
+        raise _unauthorized("missing API token: send 'Authorization: Bearer <token>'")
+    if request.method not in SAFE_METHODS and not _csrf_ok(request, request.headers.get("x-csrf-token")):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or wrong X-CSRF-Token header")
+    return user
+
+
+CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def get_admin(user: CurrentUser) -> User:
+    if not user.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "admin only")
+    return user
+
+
+AdminUser = Annotated[User, Depends(get_admin)]
+
+
+class LoginRequired(Exception):
+    """Raised by page dependencies; answered with a redirect to the login page."""
+
+
+def get_web_user(request: Request, session: SessionDep) -> User:
+    user_id = request.session.get("user_id")
+    user = session.get(User, user_id) if user_id is not None else None
+    if user is None:
+        raise LoginRequired()
+    return user
+
+
+WebUser = Annotated[User, Depends(get_web_user)]
+
+
+def verify_csrf_form(request: Request, csrf_token: Annotated[str, Form()] = "") -> None:
+    if not _csrf_ok(request, csrf_token):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or wrong CSRF token; reload the page and try again")
+
+
+CsrfChecked = Depends(verify_csrf_form)

@@ -1,0 +1,39 @@
+"""Server-sent events that follow rows in the database.
+
+Workers write state to the database; a watch polls it (cheaply, by a fingerprint) and sends an
+event whenever the fingerprint changes. This works the same over SQLite and PostgreSQL and needs
+nothing else running.
+"""
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import Request
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+POLL_SECONDS = 0.5
+
+
+def watch(request: Request, snapshot: Callable[[], tuple[Any, Any] | None], *, event: str = "update") -> EventSourceResponse:
+    """Stream `snapshot()`'s payload each time its fingerprint changes.
+
+    `snapshot` returns (fingerprint, payload) or None when the object is gone (ends the stream).
+    """
+
+    async def events():
+        last = object()
+        while not await request.is_disconnected():
+            current = await run_in_threadpool(snapshot)
+            if current is None:
+                yield {"event": "deleted", "data": "{}"}
+                return
+            fingerprint, payload = current
+            if fingerprint != last:
+                last = fingerprint
+                yield {"event": event, "data": orjson.dumps(payload).decode()}
+            await asyncio.sleep(POLL_SECONDS)
+
+    return EventSourceResponse(events(), ping=15)

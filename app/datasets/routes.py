@@ -1,0 +1,135 @@
+"""Native REST API for datasets: /api/v1/datasets."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse
+
+from app.core.config import get_settings
+from app.core.db import session_scope
+from app.core.deps import CurrentUser, SessionDep
+from app.core.sse import watch
+from app.core.uploads import receive_multipart
+from app.datasets import service
+from app.datasets.models import Dataset, DatasetPublic, DatasetsPublic, DatasetStatus, DatasetSummary
+
+router = APIRouter(prefix="/api/v1/datasets", tags=["datasets"])
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "file_type": {"type": "string", "enum": list(service.FILE_TYPES)},
+                        "format": {"type": "string", "enum": list(service.FORMATS)},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def not_found(dataset_id: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {dataset_id} not found")
+
+
+async def receive_dataset(request: Request, user, *, purpose_field: bool = False) -> Dataset:
+    """Shared by the native and the OpenAI upload routes."""
+    settings = get_settings()
+    form = await receive_multipart(request, service.incoming_dir(settings), settings.max_upload_bytes)
+    try:
+        upload = form.files.get("file")
+        if upload is None:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "form field 'file' is required")
+        purpose = form.fields.get("purpose") if purpose_field else "fine-tune"
+        if purpose_field and not purpose:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "form field 'purpose' is required")
+        with session_scope() as session:
+            try:
+                return service.create_from_upload(
+                    session, user, upload, file_type=form.fields.get("file_type") or None,
+                    fmt=form.fields.get("format") or None, purpose=purpose,
+                )
+            except service.InvalidOption as exc:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"form field '{exc.field}': {exc}") from exc
+    finally:
+        form.discard()
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic, openapi_extra=UPLOAD_BODY)
+async def upload_dataset(request: Request, user: CurrentUser) -> Dataset:
+    """Upload a dataset file (multipart field `file`; optional `file_type`, `format` overrides)."""
+    return await receive_dataset(request, user)
+
+
+@router.get("", response_model=DatasetsPublic)
+def list_datasets(
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status_: Annotated[DatasetStatus | None, Query(alias="status")] = None,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    """Newest first; with `?watch=true`, a server-sent event stream of this page of the list."""
+
+    def page(s) -> DatasetsPublic:
+        rows, count = service.list_datasets(s, user, limit=limit, offset=offset, status=status_)
+        return DatasetsPublic(data=[DatasetSummary.model_validate(r) for r in rows], count=count)
+
+    if not watch_:
+        return page(session)
+
+    def snapshot():
+        with session_scope() as s:
+            listed = page(s).model_dump(mode="json")
+        return [(d["id"], d["status"], d["progress_bytes"]) for d in listed["data"]], listed
+
+    return watch(request, snapshot)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic)
+def get_dataset(
+    dataset_id: str, request: Request, session: SessionDep, user: CurrentUser, watch_: Annotated[bool, Query(alias="watch")] = False
+):
+    """One dataset; with `?watch=true`, a server-sent event stream of it, sent on every change."""
+    dataset = service.get_dataset(session, user, dataset_id)
+    if dataset is None:
+        raise not_found(dataset_id)
+    if not watch_:
+        return dataset
+
+    def snapshot():
+        with session_scope() as s:
+            current = service.get_dataset(s, user, dataset_id)
+            if current is None:
+                return None
+            return (current.updated_at, current.status, current.progress_bytes), DatasetPublic.model_validate(current).model_dump(mode="json")
+
+    return watch(request, snapshot)
+
+
+@router.get("/{dataset_id}/content")
+def dataset_content(dataset_id: str, session: SessionDep, user: CurrentUser) -> FileResponse:
+    dataset = service.get_dataset(session, user, dataset_id)
+    if dataset is None:
+        raise not_found(dataset_id)
+    return FileResponse(service.file_path(dataset), filename=dataset.filename, media_type="application/octet-stream")
+
+
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(dataset_id: str, session: SessionDep, user: CurrentUser) -> None:
+    dataset = service.get_dataset(session, user, dataset_id)
+    if dataset is None:
+        raise not_found(dataset_id)
+    try:
+        service.delete_dataset(session, dataset)
+    except service.DatasetInUse as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc

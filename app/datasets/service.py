@@ -1,0 +1,181 @@
+"""Datasets: store uploads, queue their validation, record the result, list, delete."""
+
+import shutil
+from pathlib import Path
+
+from sqlalchemy import tuple_
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, func, select
+
+from app.auth.models import User
+from app.core import queue
+from app.core.config import Settings, get_settings
+from app.core.db import utcnow
+from app.core.security import new_id
+from app.core.uploads import ReceivedFile
+from app.datasets.models import Dataset, DatasetStatus
+from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
+
+PURPOSES = ("fine-tune",)
+
+
+class DatasetInUse(Exception):
+    pass
+
+
+class InvalidOption(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def incoming_dir(settings: Settings) -> Path:
+    return settings.storage_dir / "datasets" / ".incoming"
+
+
+def file_path(dataset: Dataset, settings: Settings | None = None) -> Path:
+    return (settings or get_settings()).storage_dir / dataset.storage_key
+
+
+def check_options(file_type: str | None, fmt: str | None, purpose: str | None) -> None:
+    if file_type and file_type not in FILE_TYPES:
+        raise InvalidOption("file_type", f"unknown file_type {file_type!r}; expected one of {', '.join(FILE_TYPES)}")
+    if fmt and fmt not in FORMATS:
+        raise InvalidOption("format", f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if purpose is not None and purpose not in PURPOSES:
+        raise InvalidOption("purpose", f"unsupported purpose {purpose!r}; expected one of {', '.join(PURPOSES)}")
+
+
+def create_from_upload(
+    session: Session,
+    owner: User,
+    upload: ReceivedFile,
+    *,
+    file_type: str | None = None,
+    fmt: str | None = None,
+    purpose: str = "fine-tune",
+) -> Dataset:
+    """Move a fully received upload into storage, record it, and queue its validation."""
+    check_options(file_type, fmt, purpose)
+    settings = get_settings()
+    dataset_id = new_id("ds")
+    key = f"datasets/{dataset_id}/data"
+    final = settings.storage_dir / key
+    final.parent.mkdir(parents=True, exist_ok=True)
+    upload.path.rename(final)
+    dataset = Dataset(
+        id=dataset_id,
+        owner_id=owner.id,
+        filename=upload.filename,
+        purpose=purpose,
+        bytes=upload.size,
+        sha256=upload.sha256,
+        storage_key=key,
+        requested_file_type=file_type or None,
+        requested_format=fmt or None,
+    )
+    try:
+        session.add(dataset)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        shutil.rmtree(final.parent, ignore_errors=True)
+        raise
+    session.refresh(dataset)
+    queue.send_task(queue.VALIDATE_DATASET, dataset.id)
+    return dataset
+
+
+def list_datasets(
+    session: Session,
+    owner: User,
+    *,
+    limit: int = 100,
+    offset: int = 0,
+    status: DatasetStatus | None = None,
+    purpose: str | None = None,
+    after: Dataset | None = None,
+) -> tuple[list[Dataset], int]:
+    """Newest first. `after` is a cursor: only datasets older than it (OpenAI's pagination)."""
+    where = [Dataset.owner_id == owner.id]
+    if status is not None:
+        where.append(Dataset.status == status)
+    if purpose is not None:
+        where.append(Dataset.purpose == purpose)
+    if after is not None:
+        where.append(tuple_(Dataset.created_at, Dataset.id) < tuple_(after.created_at, after.id))
+    count = session.exec(select(func.count()).select_from(Dataset).where(*where)).one()
+    rows = session.exec(
+        select(Dataset).where(*where).order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
+        .offset(offset).limit(limit)
+    ).all()
+    return list(rows), count
+
+
+def get_dataset(session: Session, owner: User, dataset_id: str) -> Dataset | None:
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or dataset.owner_id != owner.id:
+        return None
+    return dataset
+
+
+def delete_dataset(session: Session, dataset: Dataset) -> None:
+    """Delete the row, then the file. Tables that reference a dataset (runs) restrict deletion."""
+    path = file_path(dataset)
+    try:
+        session.delete(dataset)
+        session.commit()
+    except IntegrityError as exc:
+        session.rollback()
+        raise DatasetInUse(f"dataset {dataset.id} is used by a run; delete the run first") from exc
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def validate(session: Session, dataset_id: str) -> Dataset | None:
+    """Validate a stored dataset (the worker's job); records the report or the reason it failed."""
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:
+        return None
+
+    def progress(done: int, total: int) -> None:
+        dataset.progress_bytes = done
+        dataset.updated_at = utcnow()
+        session.add(dataset)
+        session.commit()
+
+    dataset.status = DatasetStatus.validating
+    progress(0, dataset.bytes)
+    try:
+        report = validate_file(
+            file_path(dataset), dataset.filename,
+            file_type=dataset.requested_file_type, fmt=dataset.requested_format, progress=progress,
+        )
+    except DatasetFormatError as exc:
+        _fail(dataset, str(exc))
+    except Exception as exc:
+        session.rollback()
+        _fail(dataset, f"validation crashed: {type(exc).__name__}: {exc}")
+        _finish(session, dataset)
+        raise
+    else:
+        dataset.file_type, dataset.format = report.file_type, report.format
+        dataset.rows, dataset.valid_rows = report.rows, report.valid_rows
+        dataset.errors, dataset.error_count = report.errors, report.error_count
+        dataset.duplicates, dataset.duplicate_count = report.duplicates, report.duplicate_count
+        dataset.stats, dataset.preview = report.stats, report.preview
+        dataset.status = DatasetStatus.ready if report.ok else DatasetStatus.invalid
+    _finish(session, dataset)
+    return dataset
+
+
+def _fail(dataset: Dataset, message: str) -> None:
+    dataset.status = DatasetStatus.invalid
+    dataset.errors = [{"line": None, "field": None, "message": message}]
+    dataset.error_count = 1
+
+
+def _finish(session: Session, dataset: Dataset) -> None:
+    dataset.progress_bytes = dataset.bytes
+    dataset.validated_at = dataset.updated_at = utcnow()
+    session.add(dataset)
+    session.commit()

@@ -1,0 +1,81 @@
+"""The web application: dashboard pages, the native API, the OpenAI-compatible API, metrics."""
+
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.middleware.sessions import SessionMiddleware
+
+from app.auth import pages as auth_pages
+from app.auth import routes as auth_routes
+from app.core.config import get_settings
+from app.core.deps import LoginRequired
+from app.core.metrics import MetricsMiddleware, metrics_endpoint
+from app.core.templating import render
+from app.datasets import openai_routes as dataset_openai_routes
+from app.datasets import pages as dataset_pages
+from app.datasets import routes as dataset_routes
+from app.pools import pages as pool_pages
+from app.pools import routes as pool_routes
+from app.web import pages as web_pages
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _openai_error(status_code: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status_code < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code)
+
+
+def create_app() -> FastAPI:
+    settings = get_settings()
+    app = FastAPI(title="Tunedeck", version="0.1.0", description="LoRA fine-tuning and serving of open LLMs on TPU hosts")
+    app.add_middleware(
+        SessionMiddleware, secret_key=settings.session_secret(), session_cookie="tunedeck_session",
+        same_site="lax", https_only=settings.cookie_secure, max_age=14 * 24 * 3600,
+    )
+    app.add_middleware(MetricsMiddleware)
+    app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
+
+    for module in (auth_routes, dataset_routes, dataset_openai_routes, pool_routes,
+                   auth_pages, dataset_pages, pool_pages, web_pages):
+        app.include_router(module.router)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    app.add_route("/metrics", metrics_endpoint, include_in_schema=False)
+
+    @app.exception_handler(LoginRequired)
+    async def _login_required(request: Request, _: LoginRequired):
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={target}", status_code=303)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        if request.url.path.startswith("/v1/"):
+            response = _openai_error(exc.status_code, str(exc.detail))
+            response.headers.update(exc.headers or {})
+            return response
+        if _wants_html(request):
+            return render(request, "error.html", status_code=exc.status_code, status=exc.status_code, detail=exc.detail)
+        return await http_exception_handler(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        if request.url.path.startswith("/v1/"):
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"][1:])
+            return _openai_error(422, f"{param}: {first['msg']}", param)
+        return await request_validation_exception_handler(request, exc)
+
+    return app
+
+
+def _wants_html(request: Request) -> bool:
+    path = request.url.path
+    return not path.startswith(("/api/", "/v1/", "/static/")) and "text/html" in request.headers.get("accept", "")

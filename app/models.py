@@ -1,0 +1,7 @@
+"""Every table, imported in one place so that migrations see the whole schema."""
+
+from app.auth.models import ApiToken, User
+from app.datasets.models import Dataset
+from app.pools.models import Pool, WorkerHost
+
+__all__ = ["ApiToken", "Dataset", "Pool", "User", "WorkerHost"]

@@ -1,0 +1,63 @@
+from datetime import datetime
+
+from sqlmodel import Field, SQLModel
+
+from app.core.db import utcnow
+
+ACCELERATORS = ("cpu", "tpu-v5p-8", "tpu-v6e-8", "tpu-v5e-8", "gpu-h100x1", "gpu-h100x2", "gpu-h100x8", "gpu-h200x1")
+
+
+class PoolBase(SQLModel):
+    accelerator: str = Field(max_length=32, description=f"one of {', '.join(ACCELERATORS)}")
+    chips: int = Field(ge=1, le=4096)
+    price_per_chip_hour: float = Field(ge=0, description="USD per chip-hour")
+    description: str = Field(default="", max_length=500)
+
+
+class PoolCreate(PoolBase):
+    name: str = Field(min_length=1, max_length=64, regex=r"^[a-z0-9][a-z0-9-]*$")
+
+
+class PoolUpdate(SQLModel):
+    accelerator: str | None = Field(default=None, max_length=32)
+    chips: int | None = Field(default=None, ge=1, le=4096)
+    price_per_chip_hour: float | None = Field(default=None, ge=0)
+    description: str | None = Field(default=None, max_length=500)
+
+
+class Pool(PoolBase, table=True):
+    __tablename__ = "pools"
+    name: str = Field(primary_key=True, max_length=64)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class WorkerHost(SQLModel, table=True):
+    """A worker process serving a pool; it writes `last_seen` every few seconds while alive."""
+
+    __tablename__ = "worker_hosts"
+    hostname: str = Field(primary_key=True, max_length=255)
+    pool: str = Field(max_length=64, index=True)
+    pid: int
+    started_at: datetime = Field(default_factory=utcnow)
+    last_seen: datetime = Field(default_factory=utcnow, index=True)
+    stopped_at: datetime | None = None
+
+
+class WorkerPublic(SQLModel):
+    hostname: str
+    pool: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    online: bool
+
+
+class PoolPublic(PoolCreate):
+    created_at: datetime
+    workers_online: int
+    workers: list[WorkerPublic]
+
+
+class PoolsPublic(SQLModel):
+    data: list[PoolPublic]
+    count: int

@@ -1,0 +1,31 @@
+"""Pools: seeded, editable by admins, with worker heartbeats."""
+
+
+def test_seeded_pools_and_the_live_cpu_worker(api):
+    pools = {p["name"]: p for p in api.get("/api/v1/pools").json()["data"]}
+    assert {"cpu", "tpu-v5p-8", "tpu-v6e-8"} <= set(pools)
+    assert pools["tpu-v5p-8"]["accelerator"] == "tpu-v5p-8" and pools["tpu-v5p-8"]["chips"] == 4
+    assert pools["tpu-v6e-8"]["chips"] == 8
+    cpu = pools["cpu"]
+    assert cpu["workers_online"] >= 1
+    assert all(w["pool"] == "cpu" and w["online"] for w in cpu["workers"])
+    assert pools["tpu-v5p-8"]["workers_online"] == 0
+
+
+def test_admin_creates_updates_deletes_pool(api):
+    pool = {"name": "gpu-h100x2", "accelerator": "gpu-h100x2", "chips": 2, "price_per_chip_hour": 6.98}
+    r = api.post("/api/v1/pools", json=pool)
+    assert r.status_code == 201, r.text
+    assert api.post("/api/v1/pools", json=pool).status_code == 422  # name taken
+    r = api.patch("/api/v1/pools/gpu-h100x2", json={"price_per_chip_hour": 5.5})
+    assert r.status_code == 200 and r.json()["price_per_chip_hour"] == 5.5
+    assert api.delete("/api/v1/pools/gpu-h100x2").status_code == 204
+    assert api.get("/api/v1/pools/gpu-h100x2").status_code == 404
+
+
+def test_bad_pool_names_the_field(api):
+    r = api.post("/api/v1/pools", json={"name": "x", "accelerator": "abacus", "chips": 1, "price_per_chip_hour": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "accelerator"]
+    r = api.post("/api/v1/pools", json={"name": "y", "accelerator": "cpu", "chips": 0, "price_per_chip_hour": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "chips"
+    assert "x" not in {p["name"] for p in api.get("/api/v1/pools").json()["data"]}

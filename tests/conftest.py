@@ -1,0 +1,230 @@
+"""Test harness: a real `tunedeck up` (uvicorn + a Celery worker) on a temporary data dir.
+
+By default everything is embedded (SQLite, the SQLite-file broker). With
+TUNEDECK_TEST_DATABASE_URL (a PostgreSQL server URL) and TUNEDECK_TEST_BROKER_URL (a Redis URL)
+the same suite runs against those: a fresh database is created for the session and the Redis
+database is flushed first.
+"""
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fresh_postgres(url: str) -> str:
+    import sqlalchemy as sa
+
+    name = f"tunedeck_test_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return str(sa.make_url(url).set(database=name).render_as_string(hide_password=False))
+
+
+def _flush_redis(url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+@dataclass
+class Server:
+    base_url: str
+    data_dir: Path
+    env: dict
+    admin_username: str
+    admin_password: str
+    admin_token: str
+    proc: subprocess.Popen
+    log_path: Path
+    _clients: list = field(default_factory=list)
+
+    def client(self, token: str | None = None, **kwargs) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.admin_token}"}
+        c = httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+        self._clients.append(c)
+        return c
+
+    def anonymous(self) -> httpx.Client:
+        c = httpx.Client(base_url=self.base_url, timeout=30)
+        self._clients.append(c)
+        return c
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, predicate, timeout: float = 60, interval: float = 0.2, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\n--- server log ---\n{self.log()[-4000:]}")
+
+
+def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
+    port = free_port()
+    password, token = secrets.token_urlsafe(12), "td_test_" + secrets.token_urlsafe(24)
+    env = {
+        **os.environ,
+        "TUNEDECK_DATA_DIR": str(data_dir),
+        "TUNEDECK_HOST": "127.0.0.1",
+        "TUNEDECK_PORT": str(port),
+        "TUNEDECK_ADMIN_PASSWORD": password,
+        "TUNEDECK_ADMIN_TOKEN": token,
+        "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    for key in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL"):
+        env.pop(key, None)
+    if os.environ.get("TUNEDECK_TEST_DATABASE_URL"):
+        env["TUNEDECK_DATABASE_URL"] = _fresh_postgres(os.environ["TUNEDECK_TEST_DATABASE_URL"])
+    if os.environ.get("TUNEDECK_TEST_BROKER_URL"):
+        _flush_redis(os.environ["TUNEDECK_TEST_BROKER_URL"])
+        env["TUNEDECK_BROKER_URL"] = os.environ["TUNEDECK_TEST_BROKER_URL"]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], cwd=ROOT, env=env,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", data_dir, env, "admin", password, token, proc, log_path)
+
+    def healthy():
+        if proc.poll() is not None:
+            raise AssertionError(f"tunedeck up exited with {proc.returncode}\n{server.log()[-4000:]}")
+        try:
+            return httpx.get(f"{server.base_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    server.wait_for(healthy, timeout=90, what="/healthz")
+    if not env["TUNEDECK_ADMIN_TOKEN"]:  # first start without preset secrets: they are printed once
+        import re
+
+        log = server.log()
+        server.admin_password = re.search(r"with password: (\S+)", log).group(1)
+        server.admin_token = token = re.search(r"\(shown once\): (td_\S+)", log).group(1)
+
+    def worker_online():
+        pools = httpx.get(f"{server.base_url}/api/v1/pools/cpu", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        return pools.status_code == 200 and pools.json()["workers_online"] >= 1
+
+    server.wait_for(worker_online, timeout=90, what="the cpu worker's heartbeat")
+    return server
+
+
+def stop_server(server: Server, timeout: float = 30) -> int:
+    for c in server._clients:
+        c.close()
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGINT)
+        try:
+            server.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+    return server.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    srv = start_server(tmp_path_factory.mktemp("tunedeck"))
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def api(server) -> httpx.Client:
+    """An API client authenticated as the admin."""
+    return server.client()
+
+
+def make_user(server: Server, username: str | None = None) -> tuple[str, str, str]:
+    """Create a user through the API; returns (username, password, token)."""
+    username = username or f"user-{uuid.uuid4().hex[:8]}"
+    password = secrets.token_urlsafe(12)
+    admin = server.client()
+    r = admin.post("/api/v1/users", json={"username": username, "password": password})
+    assert r.status_code == 201, r.text
+    return username, password, _token_for(server, username, password)
+
+
+def _token_for(server: Server, username: str, password: str) -> str:
+    """Log in through the dashboard's form and mint a token with the session cookie."""
+    with httpx.Client(base_url=server.base_url, follow_redirects=False) as browser:
+        page = browser.get("/login")
+        csrf = _csrf_from(page.text)
+        r = browser.post("/login", data={"username": username, "password": password, "csrf_token": csrf, "next": "/"})
+        assert r.status_code == 303, r.text
+        csrf = _csrf_from(browser.get("/settings/tokens").text)
+        r = browser.post("/api/v1/tokens", json={"name": "tests"}, headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+
+def _csrf_from(html: str) -> str:
+    import re
+
+    m = re.search(r'name="csrf-token" content="([^"]+)"', html) or re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert m, "no CSRF token on the page"
+    return m.group(1)
+
+
+def upload(client: httpx.Client, name: str, content: bytes, **fields) -> httpx.Response:
+    return client.post("/api/v1/datasets", files={"file": (name, content)}, data=fields)
+
+
+def wait_dataset(server: Server, client: httpx.Client, dataset_id: str, timeout: float = 60) -> dict:
+    def done():
+        d = client.get(f"/api/v1/datasets/{dataset_id}").json()
+        return d if d["status"] != "validating" else None
+
+    return server.wait_for(done, timeout=timeout, what=f"dataset {dataset_id} to finish validating")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A fresh browser context, logged in as the admin."""
+    context = browser.new_context(base_url=server.base_url, viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.goto("/login")
+    pg.fill("input[name=username]", server.admin_username)
+    pg.fill("input[name=password]", server.admin_password)
+    pg.click("button[type=submit]")
+    pg.wait_for_url(f"{server.base_url}/")
+    yield pg
+    context.close()

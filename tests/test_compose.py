@@ -1,0 +1,78 @@
+"""docker-compose.yml and the Dockerfile agree with the real CLI and settings.
+
+No Docker engine runs here, so the file is parsed and every service's command is checked by
+the CLI's own argument parser, and every TUNEDECK_* variable against the settings.
+"""
+
+from pathlib import Path
+
+import click
+import typer
+import yaml
+
+from app.cli import cli
+from app.core.config import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _parse(args: list[str]) -> click.Context:
+    """Resolve args through the real typer/click command tree (raises on an unknown option)."""
+    group = typer.main.get_command(cli)
+    ctx = group.make_context("tunedeck", list(args), resilient_parsing=False)
+    name, cmd, rest = group.resolve_command(ctx, ctx.protected_args + ctx.args)
+    while isinstance(cmd, click.Group):
+        sub = cmd.make_context(name, rest, parent=ctx)
+        name, cmd, rest = cmd.resolve_command(sub, sub.protected_args + sub.args)
+        ctx = sub
+    return cmd.make_context(name, rest, parent=ctx)
+
+
+def test_services_and_healthchecks():
+    services = _compose()["services"]
+    assert {"postgres", "redis", "web", "worker-cpu", "worker-tpu-v5p-8"} <= set(services)
+    for name, svc in services.items():
+        assert "healthcheck" in svc, f"{name} has no healthcheck"
+
+
+def test_tunedeck_commands_parse_with_the_real_cli():
+    services = _compose()["services"]
+    tunedeck = {n: s for n, s in services.items() if "build" in s}
+    assert len(tunedeck) >= 3
+    for name, svc in tunedeck.items():
+        ctx = _parse(svc["command"])
+        assert ctx.command.name in {"web", "worker"}, name
+    assert _parse(services["web"]["command"]).params["port"] == 8000
+
+
+def test_workers_name_their_pool():
+    services = _compose()["services"]
+    for name, svc in services.items():
+        if name.startswith("worker-"):
+            pool = name.removeprefix("worker-")
+            ctx = _parse(svc["command"])
+            assert ctx.params.get("pool") in (None, pool)
+            assert svc["environment"]["TUNEDECK_POOL"] == pool
+            assert f"{pool}@$$HOSTNAME" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_environment_matches_settings():
+    fields = set(Settings.model_fields)
+    for name, svc in _compose()["services"].items():
+        for key in svc.get("environment", {}):
+            if key.startswith("TUNEDECK_"):
+                assert key.removeprefix("TUNEDECK_").lower() in fields, f"{name}: {key} is not a setting"
+    web_env = _compose()["services"]["web"]["environment"]
+    assert web_env["TUNEDECK_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert web_env["TUNEDECK_BROKER_URL"].startswith("redis://redis:6379")
+
+
+def test_dockerfile_runs_the_cli():
+    text = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["tunedeck"]' in text
+    for path in ("app", "worker", "migrations", "templates", "static"):
+        assert f"COPY {path} {path}" in text

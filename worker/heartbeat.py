@@ -1,0 +1,39 @@
+"""A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online."""
+
+import logging
+import threading
+
+from app.core.config import get_settings
+from app.core.db import session_scope
+from app.pools import service as pools
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, hostname: str, pool: str, pid: int) -> None:
+        self.hostname, self.pool, self.pid = hostname, pool, pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunedeck-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with session_scope() as session:
+            pools.worker_stopped(session, self.hostname)
+
+    def _beat(self) -> None:
+        with session_scope() as session:
+            pools.heartbeat(session, self.hostname, self.pool, self.pid)
+
+    def _run(self) -> None:
+        interval = get_settings().worker_heartbeat_seconds
+        while not self._stop.wait(interval):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - a missed beat must not kill the worker
+                log.exception("heartbeat failed")

@@ -1,0 +1,12 @@
+"""Every task a worker runs. Each opens its own DB session and calls a service; nothing more."""
+
+from app.core import queue
+from app.core.db import session_scope
+from app.datasets import service as datasets
+from worker.celery_app import celery
+
+
+@celery.task(name=queue.VALIDATE_DATASET)
+def validate_dataset(dataset_id: str) -> None:
+    with session_scope() as session:
+        datasets.validate(session, dataset_id)
