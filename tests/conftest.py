@@ -87,25 +87,24 @@ class Server:
 
 def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     port = free_port()
-    password, token = secrets.token_urlsafe(12), "td_test_" + secrets.token_urlsafe(24)
-    env = {
-        **os.environ,
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL")}
+    env.update({
         "TUNEDECK_DATA_DIR": str(data_dir),
         "TUNEDECK_HOST": "127.0.0.1",
         "TUNEDECK_PORT": str(port),
-        "TUNEDECK_ADMIN_PASSWORD": password,
-        "TUNEDECK_ADMIN_TOKEN": token,
+        "TUNEDECK_ADMIN_PASSWORD": secrets.token_urlsafe(12),
+        "TUNEDECK_ADMIN_TOKEN": "td_test_" + secrets.token_urlsafe(24),
         "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
         "PYTHONUNBUFFERED": "1",
-        **(extra_env or {}),
-    }
-    for key in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL"):
-        env.pop(key, None)
-    if os.environ.get("TUNEDECK_TEST_DATABASE_URL"):
+    })
+    if os.environ.get("TUNEDECK_TEST_DATABASE_URL") and not (extra_env or {}).get("TUNEDECK_DATABASE_URL"):
         env["TUNEDECK_DATABASE_URL"] = _fresh_postgres(os.environ["TUNEDECK_TEST_DATABASE_URL"])
     if os.environ.get("TUNEDECK_TEST_BROKER_URL"):
         _flush_redis(os.environ["TUNEDECK_TEST_BROKER_URL"])
         env["TUNEDECK_BROKER_URL"] = os.environ["TUNEDECK_TEST_BROKER_URL"]
+    env.update(extra_env or {})  # a restart passes its first start's database here
+    env = {k: v for k, v in env.items() if not (k in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL") and not v)}
+    password, token = env["TUNEDECK_ADMIN_PASSWORD"], env["TUNEDECK_ADMIN_TOKEN"]
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "server.log"
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], cwd=ROOT, env=env,
@@ -136,7 +135,7 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     return server
 
 
-def stop_server(server: Server, timeout: float = 30) -> int:
+def stop_server(server: Server, timeout: float = 30, drop_database: bool = True) -> int:
     for c in server._clients:
         c.close()
     if server.proc.poll() is None:
@@ -146,6 +145,14 @@ def stop_server(server: Server, timeout: float = 30) -> int:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
+    url = server.env.get("TUNEDECK_DATABASE_URL")
+    if drop_database and url and url.startswith("postgresql"):
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(sa.make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{sa.make_url(url).database}" WITH (FORCE)'))
+        engine.dispose()
     return server.proc.returncode
 
 

@@ -40,12 +40,13 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
         assert api.get("/api/v1/datasets").json()["count"] == 0
         assert not list((srv.data_dir / "storage" / "datasets").rglob("*.part"))
     finally:
-        code = stop_server(srv)
+        code = stop_server(srv, drop_database=False)
     assert code == 0, srv.log()[-3000:]
     assert "tunedeck: stopped" in srv.log()
 
     # A second start keeps the data and prints no new secrets.
-    again = start_server(srv.data_dir, {"TUNEDECK_ADMIN_PASSWORD": "unused-now", "TUNEDECK_ADMIN_TOKEN": srv.admin_token})
+    again = start_server(srv.data_dir, {"TUNEDECK_ADMIN_PASSWORD": "unused-now", "TUNEDECK_ADMIN_TOKEN": srv.admin_token,
+                                        "TUNEDECK_DATABASE_URL": srv.env.get("TUNEDECK_DATABASE_URL", "")})
     try:
         assert "First start" not in again.log()
     finally:

@@ -6,7 +6,6 @@ the CLI's own argument parser, and every TUNEDECK_* variable against the setting
 
 from pathlib import Path
 
-import click
 import typer
 import yaml
 
@@ -20,16 +19,14 @@ def _compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
-def _parse(args: list[str]) -> click.Context:
-    """Resolve args through the real typer/click command tree (raises on an unknown option)."""
-    group = typer.main.get_command(cli)
-    ctx = group.make_context("tunedeck", list(args), resilient_parsing=False)
-    name, cmd, rest = group.resolve_command(ctx, ctx.protected_args + ctx.args)
-    while isinstance(cmd, click.Group):
-        sub = cmd.make_context(name, rest, parent=ctx)
-        name, cmd, rest = cmd.resolve_command(sub, sub.protected_args + sub.args)
-        ctx = sub
-    return cmd.make_context(name, rest, parent=ctx)
+def _parse(args: list[str]):
+    """Resolve args through the real command tree (raises on an unknown command or option)."""
+    cmd = typer.main.get_command(cli)
+    name, rest = "tunedeck", list(args)
+    while hasattr(cmd, "commands"):  # a group
+        name, rest = rest[0], rest[1:]
+        cmd = cmd.commands[name]
+    return cmd.make_context(name, rest)
 
 
 def test_services_and_healthchecks():

@@ -6,7 +6,7 @@ from app.core.db import utcnow
 
 
 class UserBase(SQLModel):
-    username: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9_.@-]+$")
+    username: str = Field(min_length=1, max_length=64, schema_extra={"pattern": r"^[A-Za-z0-9_.@-]+$"})
     is_admin: bool = False
 
 

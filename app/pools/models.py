@@ -15,7 +15,7 @@ class PoolBase(SQLModel):
 
 
 class PoolCreate(PoolBase):
-    name: str = Field(min_length=1, max_length=64, regex=r"^[a-z0-9][a-z0-9-]*$")
+    name: str = Field(min_length=1, max_length=64, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"})
 
 
 class PoolUpdate(SQLModel):

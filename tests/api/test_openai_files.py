@@ -31,10 +31,10 @@ def test_files_lifecycle_with_openai_sdk(server, api):
 
 def test_invalid_file_reports_error_status(server, api):
     client = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
-    created = client.files.create(file=("bad.jsonl", b"{not json\n"), purpose="fine-tune")
+    created = client.files.create(file=("bad.jsonl", CHAT + b"{not json\n"), purpose="fine-tune")
     wait_dataset(server, api, created.id)
     got = client.files.retrieve(created.id)
-    assert got.status == "error" and "line 1" in got.status_details
+    assert got.status == "error" and "line 11" in got.status_details and "invalid JSON" in got.status_details
 
 
 def test_wrong_purpose_and_bad_token(server):

@@ -28,4 +28,7 @@ def test_bad_pool_names_the_field(api):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "accelerator"]
     r = api.post("/api/v1/pools", json={"name": "y", "accelerator": "cpu", "chips": 0, "price_per_chip_hour": 1})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "chips"
-    assert "x" not in {p["name"] for p in api.get("/api/v1/pools").json()["data"]}
+    r = api.post("/api/v1/pools", json={"name": "Bad Name", "accelerator": "cpu", "chips": 1, "price_per_chip_hour": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
+    names = {p["name"] for p in api.get("/api/v1/pools").json()["data"]}
+    assert not {"x", "y", "Bad Name"} & names

@@ -1,0 +1,966 @@
+"""Streaming validation of fine-tuning datasets (JSONL, CSV, Parquet).
+
+Pure Python: stdlib + orjson + numpy (+ pyarrow, imported only for Parquet). No database or web
+imports, so the worker can call :func:`validate_file` directly and the tests can run it on files.
+
+Memory stays flat as the file grows: the file is streamed (64 KiB line batches for JSONL, csv.reader
+for CSV, 1024-row batches for Parquet) and each valid record leaves behind only two int64 values
+(a 64-bit duplicate hash and a packed ``chars << 24 | system_flag << 23 | n_messages`` word), plus
+one 16-byte entry per skipped line (blank or invalid) to recover physical line numbers.
+Duplicates, lengths and the histogram are resolved at the end with numpy.
+
+Duplicate keys:
+  * JSONL: Python's 64-bit ``hash`` of the raw record line (the final line is hashed as if it ended in
+    a newline). Records that differ only in JSON formatting (key order, spacing, escapes) or carry
+    different extra fields (e.g. ``weight``) are therefore *not* reported as duplicates. This keeps
+    the per-record path fast (one C call, no tuple building).
+  * CSV and Parquet: hash of the normalised conversation (roles + contents).
+  A 64-bit hash collision could, in theory, report a false duplicate (odds ~ n^2 / 2^65).
+
+Per-record checks stop at the first problem, so every record has at most one error.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import itertools
+import math
+import os
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+FILE_TYPES = ("jsonl", "csv", "parquet")
+FORMATS = ("chat", "prompt_completion", "alpaca", "text")
+MAX_LISTED = 100  # errors / duplicates listed in full; beyond that only counted
+
+PREVIEW_ROWS = 20
+PREVIEW_CHARS = 2000
+PROGRESS_INTERVAL_S = 0.25
+HISTOGRAM_BINS = 30
+CHAT_ROLES = ("system", "user", "assistant")
+
+_CHUNK = 1 << 16  # JSONL read buffer (bytes)
+_MAX_LINE = 16 << 20  # longer JSONL lines are read in pieces and reported, never held whole
+_PROGRESS_EVERY_LINES = 4096
+_HEAD = 1 << 16  # bytes read to sniff the file type
+_DETECT_MAX_RECORDS = 1000  # non-blank JSONL lines inspected to find the first parseable object
+_DETECT_MAX_BYTES = 16 << 20
+_PARQUET_BATCH = 1024
+_CSV_FIELD_LIMIT = 64 << 20
+
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+# Columns / keys each format needs (and may use).
+_REQUIRED = {
+    "chat": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "output"),
+    "text": ("text",),
+}
+_OPTIONAL = {"alpaca": ("input",)}
+
+# Packed per-record word: chars << 24 | system_flag << 23 | n_messages.
+_SYS_FLAG = 1 << 23
+_N_MASK = _SYS_FLAG - 1
+_CHARS_SHIFT = 24
+
+_S, _U, _A = "system", "user", "assistant"
+_MISSING = object()
+
+
+class DatasetFormatError(ValueError):
+    """The file type or the dataset format cannot be determined, or an unknown one was requested."""
+
+
+class _RecordError(Exception):
+    """One record failed a check (slow, authoritative path)."""
+
+    def __init__(self, field_name: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+        self.message = message
+
+
+class _NotFast(Exception):
+    """The fast path declines a record; the slow path decides."""
+
+
+@dataclass
+class ValidationReport:
+    file_type: str
+    format: str | None  # None only for an empty file whose format was not given
+    rows: int = 0
+    valid_rows: int = 0
+    errors: list[dict] = field(default_factory=list)
+    error_count: int = 0
+    duplicates: list[dict] = field(default_factory=list)
+    duplicate_count: int = 0
+    stats: dict = field(default_factory=dict)
+    preview: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0 and self.rows > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# File type and format detection
+
+
+def detect_file_type(filename: str, head: bytes) -> str:
+    """The file type from the name's extension, else by sniffing the first bytes."""
+    ext = os.path.splitext(filename.lower())[1]
+    if ext in _EXTENSIONS:
+        return _EXTENSIONS[ext]
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if b"\x00" in head[:4096]:
+        raise DatasetFormatError(
+            f"{filename}: cannot tell the file type: it looks like a binary file, not JSONL, CSV or Parquet"
+        )
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:]
+    for line in head.splitlines():
+        stripped = line.strip()
+        if stripped:
+            return "jsonl" if stripped.startswith(b"{") else "csv"
+    return "csv"
+
+
+def _describe_formats() -> str:
+    return (
+        "'messages' (chat), 'prompt' + 'completion' (prompt_completion), "
+        "'instruction' + 'output' [+ 'input'] (alpaca) or 'text' (text)"
+    )
+
+
+def _format_from_keys(keys, filename: str, what: str) -> str:
+    keys = set(keys)
+    if "messages" in keys:
+        return "chat"
+    if "prompt" in keys and "completion" in keys:
+        return "prompt_completion"
+    if "instruction" in keys and "output" in keys:
+        return "alpaca"
+    if "text" in keys:
+        return "text"
+    seen = ", ".join(repr(k) for k in sorted(map(str, keys))) or "none"
+    raise DatasetFormatError(
+        f"{filename}: cannot tell the dataset format from the {what} ({seen}); expected {_describe_formats()}"
+    )
+
+
+def _detect_jsonl_format(path: str, filename: str) -> str | None:
+    """Format from the keys of the first JSON object in the file; None if the file has no records."""
+    nonblank = 0
+    first = b""
+    read = 0
+    with open(path, "rb") as f:
+        for line in iter(functools.partial(f.readline, _MAX_LINE), b""):
+            read += len(line)
+            if nonblank == 0 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            if not line.strip():
+                continue
+            nonblank += 1
+            if nonblank == 1:
+                first = line.lstrip()[:1]
+            if len(line) >= _MAX_LINE and not line.endswith(b"\n"):  # too long to be a record
+                while True:
+                    piece = f.readline(_MAX_LINE)
+                    read += len(piece)
+                    if not piece or piece.endswith(b"\n"):
+                        break
+                obj = None
+            else:
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    obj = None
+            if type(obj) is dict:
+                return _format_from_keys(obj.keys(), filename, "keys of the first record")
+            if nonblank >= _DETECT_MAX_RECORDS or read >= _DETECT_MAX_BYTES:
+                break
+    if nonblank == 0:
+        return None
+    hint = ""
+    if first == b"[":
+        hint = " (it looks like a JSON array; upload JSON Lines instead: one object per line)"
+    raise DatasetFormatError(
+        f"{filename}: cannot tell the dataset format: none of the first {nonblank} records is a JSON object{hint}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Record checks. The slow checks are the single source of truth; they return the packed length
+# word and the normalised conversation (a tuple of (role, content) pairs). The fast checks only
+# accept records the slow checks would accept, and raise anything to defer to them.
+
+
+def _tname(value: Any) -> str:
+    if value is None:
+        return "null"
+    t = type(value)
+    if t is str:
+        return "string"
+    if t is dict:
+        return "object"
+    return t.__name__
+
+
+def _str_field(obj: dict, key: str, empty_message: str | None = None) -> str:
+    if key not in obj:
+        raise _RecordError(key, f"missing required field '{key}'")
+    value = obj[key]
+    if type(value) is not str:
+        raise _RecordError(key, f"wrong type: expected string, got {_tname(value)}")
+    if not value or value.isspace():
+        raise _RecordError(key, empty_message or f"empty {key}")
+    return value
+
+
+def _check_chat(obj: dict) -> tuple[int, tuple]:
+    if "messages" not in obj:
+        raise _RecordError("messages", "missing required field 'messages'")
+    msgs = obj["messages"]
+    if type(msgs) is not list:
+        raise _RecordError("messages", f"wrong type: expected list, got {_tname(msgs)}")
+    if not msgs:
+        raise _RecordError("messages", "must be a non-empty list of messages")
+    convo = []
+    chars = 0
+    sys_flag = 0
+    prev = None
+    seen_assistant = False
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if type(m) is not dict:
+            raise _RecordError(where, f"wrong type: expected object, got {_tname(m)}")
+        fr = where + ".role"
+        if "role" not in m:
+            raise _RecordError(fr, "missing required field 'role'")
+        role = m["role"]
+        if type(role) is not str:
+            raise _RecordError(fr, f"wrong type: expected string, got {_tname(role)}")
+        if role not in CHAT_ROLES:
+            raise _RecordError(fr, f"invalid role {role!r}: expected one of 'system', 'user', 'assistant'")
+        if role == _S:
+            if prev == _S:
+                raise _RecordError(fr, "only one 'system' turn is allowed")
+            if prev is not None:
+                raise _RecordError(fr, f"'system' turn must come first; found after a '{prev}' turn")
+            sys_flag = _SYS_FLAG
+        else:
+            expected = _A if prev == _U else _U
+            if role != expected:
+                if prev is None or prev == _S:
+                    lead = "the first turn" if prev is None else "the first turn after 'system'"
+                    raise _RecordError(fr, f"{lead} must be 'user', got '{role}'")
+                raise _RecordError(fr, f"expected '{expected}' after '{prev}', got '{role}'")
+            if role == _A:
+                seen_assistant = True
+        fc = where + ".content"
+        if "content" not in m:
+            raise _RecordError(fc, "missing required field 'content'")
+        content = m["content"]
+        if type(content) is not str:
+            raise _RecordError(fc, f"wrong type: expected string, got {_tname(content)}")
+        if not content or content.isspace():
+            raise _RecordError(fc, "empty content")
+        if "weight" in m:
+            w = m["weight"]
+            if type(w) is not int or w not in (0, 1):
+                raise _RecordError(where + ".weight", f"weight must be 0 or 1, got {w!r}")
+        chars += len(content)
+        convo.append((role, content))
+        prev = role
+    if not seen_assistant:
+        raise _RecordError("messages", "there must be at least one 'assistant' turn")
+    if prev != _A:
+        raise _RecordError(
+            f"messages[{len(msgs) - 1}].role", "the last turn must be 'assistant' (it is the training target)"
+        )
+    return chars << _CHARS_SHIFT | sys_flag | len(msgs), tuple(convo)
+
+
+def _check_prompt_completion(obj: dict) -> tuple[int, tuple]:
+    prompt = _str_field(obj, "prompt")
+    completion = _str_field(obj, "completion")
+    return (len(prompt) + len(completion)) << _CHARS_SHIFT | 2, ((_U, prompt), (_A, completion))
+
+
+def _check_alpaca(obj: dict) -> tuple[int, tuple]:
+    instruction = _str_field(obj, "instruction")
+    inp = obj.get("input")
+    if inp is not None and type(inp) is not str:
+        raise _RecordError("input", f"wrong type: expected string, got {_tname(inp)}")
+    output = _str_field(obj, "output")
+    user = instruction + "\n\n" + inp if inp and not inp.isspace() else instruction
+    return (len(user) + len(output)) << _CHARS_SHIFT | 2, ((_U, user), (_A, output))
+
+
+def _check_text(obj: dict) -> tuple[int, tuple]:
+    text = _str_field(obj, "text")
+    return len(text) << _CHARS_SHIFT | 1, (("text", text),)
+
+
+_CHECK = {
+    "chat": _check_chat,
+    "prompt_completion": _check_prompt_completion,
+    "alpaca": _check_alpaca,
+    "text": _check_text,
+}
+
+
+def _fast_chat(o):
+    # Any exception (KeyError, TypeError, AttributeError, _NotFast) sends the record to _check_chat.
+    msgs = o["messages"]
+    if len(msgs) == 3:  # the common system/user/assistant shape, unrolled
+        m0, m1, m2 = msgs
+        c0 = m0["content"]
+        c1 = m1["content"]
+        c2 = m2["content"]
+        if (
+            m0["role"] == _S and m1["role"] == _U and m2["role"] == _A
+            and len(m0) + len(m1) + len(m2) == 6  # exactly role + content each: no weight to check
+            and c0 and c1 and c2
+            and not (c0.isspace() or c1.isspace() or c2.isspace())  # also raises on non-strings
+        ):
+            return (len(c0) + len(c1) + len(c2)) << 24 | 8388611  # _SYS_FLAG | 3
+        raise _NotFast
+    chars = 0
+    flag = 0
+    want = _U
+    r = None
+    for m in msgs:
+        r = m["role"]
+        if r == want:
+            want = _A if want is _U else _U
+        elif r == _S and not chars:  # chars is 0 only before the first message
+            flag = 8388608  # _SYS_FLAG
+        else:
+            raise _NotFast
+        c = m["content"]
+        if c.isspace() or not c or len(m) > 2:
+            raise _NotFast
+        chars += len(c)
+    if r != _A:
+        raise _NotFast
+    return chars << 24 | flag | len(msgs)
+
+
+def _fast_prompt_completion(o):
+    p = o["prompt"]
+    c = o["completion"]
+    if p.isspace() or c.isspace() or not p or not c:
+        raise _NotFast
+    return (len(p) + len(c)) << 24 | 2
+
+
+def _fast_alpaca(o):
+    ins = o["instruction"]
+    out = o["output"]
+    if ins.isspace() or out.isspace() or not ins or not out:
+        raise _NotFast
+    inp = o.get("input")
+    if inp is None or inp == "":
+        return (len(ins) + len(out)) << 24 | 2
+    if inp.isspace():  # raises on non-strings too
+        raise _NotFast
+    return (len(ins) + len(inp) + 2 + len(out)) << 24 | 2
+
+
+def _fast_text(o):
+    t = o["text"]
+    if t.isspace() or not t:
+        raise _NotFast
+    return len(t) << 24 | 1
+
+
+_FAST = {
+    "chat": _fast_chat,
+    "prompt_completion": _fast_prompt_completion,
+    "alpaca": _fast_alpaca,
+    "text": _fast_text,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Accumulation
+
+
+class _Progress:
+    def __init__(self, callback: Callable[[int, int], None] | None, total: int) -> None:
+        self.callback = callback
+        self.total = total
+        self.next_at = time.monotonic() + PROGRESS_INTERVAL_S
+
+    def maybe(self, done: int) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic()
+        if now >= self.next_at:
+            self.callback(min(done, self.total), self.total)
+            self.next_at = now + PROGRESS_INTERVAL_S
+
+    def final(self) -> None:
+        if self.callback is not None:
+            self.callback(self.total, self.total)
+
+
+def _preview_messages(convo: tuple) -> list[dict]:
+    return [{"role": r, "content": c[:PREVIEW_CHARS]} for r, c in convo]
+
+
+class _Accumulator:
+    """Counts, listed errors, preview and the compact per-record arrays."""
+
+    def __init__(self, fmt: str | None) -> None:
+        self.fmt = fmt
+        self.hashes = array("q")  # duplicate key per valid record
+        self.packed = array("q")  # chars << 24 | system_flag << 23 | n_messages per valid record
+        # Line numbers: valid record k sits on line k + 1 + off(k), where off changes only at
+        # skipped lines (blank, invalid, CSV header / multi-line records). (k, off) change points:
+        self.ev_k = array("q")
+        self.ev_off = array("q")
+        self.off = 0
+        self.invalid = 0
+        self.errors: list[dict] = []
+        self.error_count = 0
+        self.preview: list[dict] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.packed) + self.invalid
+
+    def _set_off(self, off: int) -> None:
+        self.off = off
+        k = len(self.packed)
+        if self.ev_k and self.ev_k[-1] == k:
+            self.ev_off[-1] = off
+        else:
+            self.ev_k.append(k)
+            self.ev_off.append(off)
+
+    def file_error(self, line: int, message: str) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_LISTED:
+            self.errors.append({"line": line, "field": None, "message": message})
+
+    def add_invalid(self, line: int, field_name: str | None, message: str) -> None:
+        if self.rows < PREVIEW_ROWS:
+            self.preview.append({"line": line, "error": f"{field_name}: {message}" if field_name else message})
+        self.invalid += 1
+        self.error_count += 1
+        if len(self.errors) < MAX_LISTED:
+            self.errors.append({"line": line, "field": field_name, "message": message})
+
+    def add_valid(self, line: int, packed: int, convo: tuple, key: int | None) -> None:
+        """A valid record; key None means the caller appends the hash itself (JSONL)."""
+        if line != len(self.packed) + 1 + self.off:
+            self._set_off(line - len(self.packed) - 1)
+        if self.rows < PREVIEW_ROWS:
+            self.preview.append({"line": line, "messages": _preview_messages(convo)})
+        self.packed.append(packed)
+        if key is not None:
+            self.hashes.append(key)
+
+    def check(self, line: int, obj: Any, key_from_convo: bool) -> None:
+        if type(obj) is not dict:
+            self.add_invalid(line, None, f"expected a JSON object, got {_tname(obj)}")
+            return
+        try:
+            packed, convo = _CHECK[self.fmt](obj)
+        except _RecordError as exc:
+            self.add_invalid(line, exc.field, exc.message)
+            return
+        self.add_valid(line, packed, convo, hash(convo) if key_from_convo else None)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def lines_of(self, idx: np.ndarray) -> np.ndarray:
+        if not len(self.ev_k):
+            return idx + 1
+        ev_k = np.frombuffer(self.ev_k, dtype=np.int64)
+        ev_off = np.frombuffer(self.ev_off, dtype=np.int64)
+        j = np.searchsorted(ev_k, idx, side="right") - 1
+        off = np.where(j >= 0, ev_off[np.maximum(j, 0)], 0)
+        return idx + 1 + off
+
+    def duplicates(self) -> tuple[list[dict], int]:
+        """(first MAX_LISTED duplicates by line, total). Extra memory: one sorted copy of the keys."""
+        n = len(self.hashes)
+        if n < 2:
+            return [], 0
+        h = np.frombuffer(self.hashes, dtype=np.int64)
+        hs = np.sort(h)
+        same = hs[1:] == hs[:-1]
+        dup_keys = np.unique(hs[1:][same])
+        del hs, same
+        if not dup_keys.size:
+            return [], 0
+        # positions of every record whose key occurs more than once (found block by block)
+        found = []
+        for s in range(0, n, _BLOCK):
+            block = h[s : s + _BLOCK]
+            idx = np.searchsorted(dup_keys, block)
+            np.minimum(idx, dup_keys.size - 1, out=idx)
+            found.append(np.flatnonzero(dup_keys[idx] == block) + s)
+        pos = np.concatenate(found)
+        keys = h[pos]
+        order = np.argsort(keys, kind="stable")  # equal keys keep file order: first occurrence first
+        pos, keys = pos[order], keys[order]
+        starts = np.empty(pos.size, dtype=bool)
+        starts[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=starts[1:])
+        first_of = pos[np.maximum.accumulate(np.where(starts, np.arange(pos.size), 0))]
+        later, first = pos[~starts], first_of[~starts]
+        count = int(later.size)
+        keep = np.argsort(later, kind="stable")[:MAX_LISTED]
+        later_lines = self.lines_of(later[keep]).tolist()
+        first_lines = self.lines_of(first[keep]).tolist()
+        return [{"line": int(a), "duplicate_of": int(b)} for a, b in zip(later_lines, first_lines)], count
+
+    def stats(self) -> dict:
+        """Length statistics over the valid records, computed block by block (small temporaries)."""
+        n = len(self.packed)
+        if not n:
+            return {}
+        p = np.frombuffer(self.packed, dtype=np.int64)
+
+        def blocks():
+            for s in range(0, n, _BLOCK):
+                b = p[s : s + _BLOCK]
+                chars = b >> _CHARS_SHIFT
+                msgs = b & _N_MASK
+                yield b, chars, msgs, (chars + 3) // 4 + 4 * msgs
+
+        dist_chars, dist_tokens = _Dist(), _Dist()
+        system = turns = 0
+        for b, chars, msgs, tokens in blocks():
+            dist_chars.first_pass(chars)
+            dist_tokens.first_pass(tokens)
+            if self.fmt == "chat":
+                sys_here = int(np.count_nonzero(b & _SYS_FLAG))
+                system += sys_here
+                turns += int(msgs.sum()) - sys_here
+        lo, hi = dist_tokens.lo, dist_tokens.hi
+        span = hi - lo + 1
+        width = -(-span // HISTOGRAM_BINS)
+        nbins = -(-span // width)
+        hist = np.zeros(nbins, dtype=np.int64)
+        for _, chars, _, tokens in blocks():
+            dist_chars.second_pass(chars)
+            dist_tokens.second_pass(tokens)
+            hist += np.bincount((tokens - lo) // width, minlength=nbins)
+        if self.fmt == "chat":
+            roles = {"system": system, "user": turns // 2, "assistant": turns // 2}
+        elif self.fmt == "text":
+            roles = {"system": 0, "user": 0, "assistant": 0, "text": n}
+        else:
+            roles = {"system": 0, "user": n, "assistant": n}
+        return {
+            "chars": dist_chars.summary(),
+            "tokens": dist_tokens.summary(),
+            "histogram": {  # equal-width integer bins over [min, max]; bin i is [edges[i], edges[i+1])
+                "unit": "tokens",
+                "edges": [lo + width * i for i in range(nbins + 1)],
+                "counts": [int(c) for c in hist.tolist()],
+            },
+            "roles": roles,
+            "tokens_total": dist_tokens.total,
+            "token_estimate": "chars/4",
+        }
+
+
+_BLOCK = 1 << 16  # rows per numpy block when summarising (keeps temporaries to a few MB)
+_VALUE_COUNTS_MAX_RANGE = 1 << 21  # exact percentiles from value counts when max - min is below this
+
+
+class _Dist:
+    """min / median / p95 / max / mean of integer values seen in blocks, without an O(n) copy
+    (value counts over [min, max]; falls back to collecting the values when that range is huge)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.total = 0
+        self.lo: int = 0
+        self.hi: int = 0
+        self.counts: np.ndarray | None = None
+        self.values: list[np.ndarray] = []
+
+    def first_pass(self, v: np.ndarray) -> None:
+        lo, hi = int(v.min()), int(v.max())
+        self.lo, self.hi = (lo, hi) if not self.n else (min(self.lo, lo), max(self.hi, hi))
+        self.n += int(v.size)
+        self.total += int(v.sum())
+
+    def second_pass(self, v: np.ndarray) -> None:
+        span = self.hi - self.lo + 1
+        if span <= _VALUE_COUNTS_MAX_RANGE:
+            c = np.bincount(v - self.lo, minlength=span)
+            self.counts = c if self.counts is None else self.counts + c
+        else:
+            self.values.append(v.astype(np.uint32 if self.hi < 1 << 32 else np.int64))
+
+    def _percentiles(self, qs: tuple[float, ...]) -> list[float]:
+        if self.counts is None:
+            return [float(x) for x in np.percentile(np.concatenate(self.values), qs)]
+        cum = np.cumsum(self.counts)
+        out = []
+        for q in qs:  # numpy's default "linear" method on the sorted values
+            pos = q / 100 * (self.n - 1)
+            k = math.floor(pos)
+            ranks = np.array([k, min(k + 1, self.n - 1)])
+            v0, v1 = (np.searchsorted(cum, ranks, side="right") + self.lo).tolist()
+            t, d = pos - k, v1 - v0
+            out.append(v0 + d * t if t < 0.5 else v1 - d * (1 - t))  # numpy's _lerp
+        return out
+
+    def summary(self) -> dict:
+        median, p95 = self._percentiles((50, 95))
+        return {
+            "min": self.lo,
+            "median": round(median, 1),
+            "p95": round(p95, 1),
+            "max": self.hi,
+            "mean": round(self.total / self.n, 1),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Scanners
+
+
+def _scan_jsonl(path: str, acc: _Accumulator, prog: _Progress) -> None:
+    fast = _FAST[acc.fmt]
+    loads = orjson.loads
+    packed = acc.packed
+    append = packed.append
+    hashes = acc.hashes
+    happend = hashes.append
+    limit = _MAX_LINE
+    f = open(path, "rb", buffering=_CHUNK)
+
+    def slow(line: bytes) -> None:
+        """Every record the fast path declines, and the first PREVIEW_ROWS records."""
+        lineno = len(packed) + acc.off + 1
+        if len(line) >= limit and not line.endswith(b"\n"):
+            acc._set_off(acc.off + 1)
+            acc.add_invalid(lineno, None, f"record too long: more than {limit >> 20} MiB on one line")
+            while True:  # skip the rest of the line, a piece at a time
+                piece = f.readline(limit)
+                if not piece or piece.endswith(b"\n"):
+                    return
+        try:
+            obj = loads(line)
+        except orjson.JSONDecodeError as exc:
+            err: Exception = exc
+            obj = _MISSING
+            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+                try:
+                    obj = loads(line[3:])
+                except orjson.JSONDecodeError as exc2:
+                    err = exc2
+            if obj is _MISSING:
+                acc._set_off(acc.off + 1)
+                if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]
+                if line.strip(b" \t\r\n"):  # JSON whitespace only: a blank line, skipped silently
+                    acc.add_invalid(lineno, None, f"invalid JSON: {err}")
+                return
+        before = len(packed)
+        acc.check(lineno, obj, key_from_convo=False)
+        if len(packed) == before:
+            acc._set_off(acc.off + 1)
+        else:
+            happend(hash(line if line.endswith(b"\n") else line + b"\n"))
+
+    with f:
+        # One line in memory at a time, each at most _MAX_LINE bytes; islice blocks (C-level
+        # iteration, no per-line counter) give a place to report progress.
+        lines = iter(functools.partial(f.readline, limit), b"")
+        for line in lines:  # the first records take the slow path, for the preview
+            slow(line)
+            if acc.rows >= PREVIEW_ROWS:
+                break
+        last = b"\n"
+        while True:
+            line = None
+            for line in itertools.islice(lines, _PROGRESS_EVERY_LINES):
+                if len(line) < limit:
+                    try:
+                        append(fast(loads(line)))
+                        happend(hash(line))
+                        continue
+                    except Exception:
+                        pass
+                slow(line)
+            if line is None:
+                break
+            last = line
+            prog.maybe(f.tell())
+    # Hash the file's last line as if it ended in a newline, like every other line.
+    if not last.endswith(b"\n") and len(packed) and not (acc.ev_k and acc.ev_k[-1] == len(packed)):
+        fixed = hash(last + b"\n")
+        if hashes[-1] != fixed and hashes[-1] == hash(last):
+            hashes[-1] = fixed
+
+
+def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> None:
+    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+        csv.field_size_limit(_CSV_FIELD_LIMIT)
+    bad_utf8: list[int] = []  # physical lines that are not valid UTF-8 (decoded with U+FFFD instead)
+    too_long: list[int] = []  # a line over _MAX_LINE bytes: reading stops there (memory stays bounded)
+
+    def text_lines(f):
+        # Decode line by line (not in 8 KiB blocks) so an invalid byte is pinned to its line.
+        # csv.reader counts the lines it takes from here, so reader.line_num is the physical line.
+        # Lines end at \n, \r\n or a lone \r (old Mac exports), as in universal-newline mode.
+        n = 0
+        for raw_line in iter(functools.partial(f.readline, _MAX_LINE), b""):
+            if len(raw_line) >= _MAX_LINE and not raw_line.endswith(b"\n"):
+                too_long.append(n + 1)
+                return
+            if n == 0 and raw_line.startswith(b"\xef\xbb\xbf"):
+                raw_line = raw_line[3:]
+            cr = raw_line.find(b"\r")
+            end = len(raw_line)
+            if cr == -1 or cr == end - 1 or (cr == end - 2 and raw_line[-1:] == b"\n"):
+                parts = (raw_line,)
+            else:
+                parts = raw_line.splitlines(True)
+            for b in parts:
+                n += 1
+                try:
+                    yield b.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad_utf8.append(n)
+                    yield b.decode("utf-8", "replace")
+
+    with open(path, "rb") as raw:
+        reader = csv.reader(text_lines(raw))
+        header = None
+        try:
+            for row in reader:
+                if row:
+                    header = row
+                    break
+        except csv.Error as exc:
+            raise DatasetFormatError(f"{filename}: cannot read the CSV header: {exc}") from exc
+        if header is None:
+            return  # no records
+        if too_long:
+            raise DatasetFormatError(f"{filename}: cannot read the CSV header: line 1 is longer than "
+                                     f"{_MAX_LINE >> 20} MiB")
+        header_line = reader.line_num
+        cols = [c.strip() for c in header]
+        if acc.fmt is None:
+            acc.fmt = _format_from_keys(cols, filename, "CSV columns")
+        missing = [c for c in _REQUIRED[acc.fmt] if c not in cols]
+        if bad_utf8 or missing:
+            message = (
+                "the header is not valid UTF-8 text" if bad_utf8
+                else f"missing required column(s) for format '{acc.fmt}': {', '.join(missing)} "
+                f"(the header has: {', '.join(cols) or 'nothing'})"
+            )
+            acc.file_error(header_line, message)
+            return
+        wanted = _REQUIRED[acc.fmt] + _OPTIONAL.get(acc.fmt, ())
+        index = [(name, cols.index(name)) for name in wanted if name in cols]
+        chat = acc.fmt == "chat"
+        loads = orjson.loads
+        n = 0
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                if too_long:
+                    acc.file_error(
+                        too_long[0], f"line {too_long[0]} is longer than {_MAX_LINE >> 20} MiB; stopped reading here"
+                    )
+                break
+            except csv.Error as exc:
+                acc.add_invalid(start, None, f"CSV error: {exc}")
+                continue
+            if not row:
+                continue  # blank line
+            if bad_utf8 and bad_utf8[-1] >= start:
+                at = next(x for x in bad_utf8 if x >= start)
+                acc.add_invalid(start, None, "not valid UTF-8 text" + (f" (at line {at})" if at != start else ""))
+                bad_utf8.clear()
+                continue
+            obj = {name: row[i] for name, i in index if i < len(row)}
+            if chat and "messages" in obj:
+                cell = obj["messages"]
+                if not cell.strip():
+                    acc.add_invalid(start, "messages", "empty value: expected a JSON list of messages")
+                    continue
+                try:
+                    obj["messages"] = loads(cell)
+                except orjson.JSONDecodeError as exc:
+                    acc.add_invalid(start, "messages", f"invalid JSON: {exc}")
+                    continue
+            acc.check(start, obj, key_from_convo=True)
+            n += 1
+            if not n & 1023:
+                prog.maybe(raw.tell())
+
+
+def _arrow_messages_ok(pa, typ) -> bool:
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return True
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return pa.types.is_struct(typ.value_type)
+    return False
+
+
+def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, total: int) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise DatasetFormatError(f"{filename}: Parquet support needs pyarrow") from exc
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # ArrowInvalid, OSError ...
+        raise DatasetFormatError(f"{filename}: not a readable Parquet file: {exc}") from exc
+    schema = pf.schema_arrow
+    names = list(schema.names)
+    if acc.fmt is None:
+        acc.fmt = _format_from_keys(names, filename, "Parquet columns")
+    missing = [c for c in _REQUIRED[acc.fmt] if c not in names]
+    if missing:
+        acc.file_error(
+            0,
+            f"missing required column(s) for format '{acc.fmt}': {', '.join(missing)} "
+            f"(the file has: {', '.join(names) or 'nothing'})",
+        )
+        return
+    chat = acc.fmt == "chat"
+    if chat and not _arrow_messages_ok(pa, schema.field("messages").type):
+        acc.file_error(
+            0,
+            f"column 'messages' has type {schema.field('messages').type}; expected "
+            "list<struct<role: string, content: string>> or a JSON string",
+        )
+        return
+    wanted = [c for c in _REQUIRED[acc.fmt] + _OPTIONAL.get(acc.fmt, ()) if c in names]
+    num_rows = pf.metadata.num_rows or 0
+    loads = orjson.loads
+    row = 0
+    batches = pf.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as exc:  # corrupt pages etc.
+            acc.file_error(row + 1, f"cannot read the Parquet file past row {row}: {exc}")
+            break
+        if batch is None:
+            break
+        for rec in batch.to_pylist():
+            row += 1
+            # A null is an absent value (Parquet columns and structs always carry every key).
+            obj = {k: v for k, v in rec.items() if v is not None}
+            if chat and "messages" in obj:
+                msgs = obj["messages"]
+                if type(msgs) is str:
+                    if not msgs.strip():
+                        acc.add_invalid(row, "messages", "empty value: expected a JSON list of messages")
+                        continue
+                    try:
+                        obj["messages"] = loads(msgs)
+                    except orjson.JSONDecodeError as exc:
+                        acc.add_invalid(row, "messages", f"invalid JSON: {exc}")
+                        continue
+                elif type(msgs) is list:
+                    obj["messages"] = [
+                        {k: v for k, v in m.items() if v is not None} if type(m) is dict else m for m in msgs
+                    ]
+            acc.check(row, obj, key_from_convo=True)
+        if num_rows:
+            prog.maybe(total * row // num_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_file(
+    path: str | os.PathLike,
+    filename: str,
+    *,
+    file_type: str | None = None,
+    fmt: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ValidationReport:
+    """Validate a dataset file in one streaming pass and return the report.
+
+    ``file_type`` / ``fmt`` None means auto-detect. Raises DatasetFormatError when either cannot be
+    determined or an unknown value is given; every other problem is reported in the result.
+    ``progress(done_bytes, total_bytes)`` is called at most every 0.25 s and once at the end.
+    """
+    path = os.fspath(path)
+    if file_type is not None and file_type not in FILE_TYPES:
+        raise DatasetFormatError(
+            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
+        )
+    if fmt is not None and fmt not in FORMATS:
+        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    total = os.path.getsize(path)
+    if file_type is None:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+        file_type = detect_file_type(filename, head)
+
+    if file_type == "jsonl" and fmt is None:
+        fmt = _detect_jsonl_format(path, filename)
+    acc = _Accumulator(fmt)
+    prog = _Progress(progress, total)
+    if file_type == "jsonl":
+        if fmt is not None:
+            _scan_jsonl(path, acc, prog)
+    elif file_type == "csv":
+        _scan_csv(path, filename, acc, prog)
+    else:
+        _scan_parquet(path, filename, acc, prog, total)
+
+    if acc.rows == 0 and acc.error_count == 0:
+        acc.file_error(0, "the file has no records")
+    rows, valid_rows = acc.rows, len(acc.packed)
+    stats = acc.stats()
+    acc.packed = array("q")  # free the lengths before the duplicate pass needs its sorted copy
+    duplicates, duplicate_count = acc.duplicates()
+    report = ValidationReport(
+        file_type=file_type,
+        format=acc.fmt,
+        rows=rows,
+        valid_rows=valid_rows,
+        errors=acc.errors,
+        error_count=acc.error_count,
+        duplicates=duplicates,
+        duplicate_count=duplicate_count,
+        stats=stats,
+        preview=acc.preview,
+    )
+    prog.final()
+    return report
