@@ -3,11 +3,16 @@
 Pure Python: stdlib + orjson + numpy (+ pyarrow, imported only for Parquet). No database or web
 imports, so the worker can call :func:`validate_file` directly and the tests can run it on files.
 
-Memory stays flat as the file grows: the file is streamed (64 KiB line batches for JSONL, csv.reader
-for CSV, 1024-row batches for Parquet) and each valid record leaves behind only two int64 values
-(a 64-bit duplicate hash and a packed ``chars << 24 | system_flag << 23 | n_messages`` word), plus
-one 16-byte entry per skipped line (blank or invalid) to recover physical line numbers.
-Duplicates, lengths and the histogram are resolved at the end with numpy.
+Memory stays flat as the file grows: the file is streamed (JSONL and CSV line by line, each line
+at most 16 MiB; Parquet in 1024-row batches) and each valid record leaves behind only two int64
+values (a 64-bit duplicate hash and a packed ``chars << 24 | system_flag << 23 | n_messages`` word),
+plus one 16-byte entry per skipped line (blank or invalid) to recover physical line numbers.
+Lengths and the histogram are then summarised block by block; the lengths are freed before the
+duplicate pass, whose only O(n) extra is one sorted copy of the hashes.
+
+JSONL speed: after the first PREVIEW_ROWS records, each line goes through a fast check (inline,
+no normalised dicts, the common system/user/assistant shape unrolled) that only *accepts* records;
+anything it declines goes to the slow, authoritative check that produces the error message.
 
 Duplicate keys:
   * JSONL: Python's 64-bit ``hash`` of the raw record line (the final line is hashed as if it ended in
