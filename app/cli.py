@@ -63,7 +63,12 @@ def db_upgrade() -> None:
 
 
 @cli.command()
-def web(host: HostOpt = None, port: PortOpt = None, migrate: bool = True) -> None:
+def web(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Web processes [TUNEDECK_WEB_WORKERS]")] = None,
+    migrate: bool = True,
+) -> None:
     """Serve the dashboard and the APIs."""
     import uvicorn
 
@@ -72,7 +77,8 @@ def web(host: HostOpt = None, port: PortOpt = None, migrate: bool = True) -> Non
         _announce(prepare())
     settings = get_settings()
     uvicorn.run("app.main:create_app", factory=True, host=settings.host, port=settings.port,
-                log_level="info", proxy_headers=True, timeout_graceful_shutdown=5)
+                workers=workers or settings.web_workers, log_level="info", proxy_headers=True,
+                timeout_graceful_shutdown=5)
 
 
 @cli.command()

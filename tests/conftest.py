@@ -119,19 +119,23 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
         except httpx.HTTPError:
             return False
 
-    server.wait_for(healthy, timeout=90, what="/healthz")
-    if not env["TUNEDECK_ADMIN_TOKEN"]:  # first start without preset secrets: they are printed once
-        import re
+    try:
+        server.wait_for(healthy, timeout=90, what="/healthz")
+        if not env["TUNEDECK_ADMIN_TOKEN"]:  # first start without preset secrets: they are printed once
+            import re
 
-        log = server.log()
-        server.admin_password = re.search(r"with password: (\S+)", log).group(1)
-        server.admin_token = token = re.search(r"\(shown once\): (td_\S+)", log).group(1)
+            log = server.log()
+            server.admin_password = re.search(r"with password: (\S+)", log).group(1)
+            server.admin_token = token = re.search(r"\(shown once\): (td_\S+)", log).group(1)
 
-    def worker_online():
-        pools = httpx.get(f"{server.base_url}/api/v1/pools/cpu", headers={"Authorization": f"Bearer {token}"}, timeout=5)
-        return pools.status_code == 200 and pools.json()["workers_online"] >= 1
+        def worker_online():
+            pools = httpx.get(f"{server.base_url}/api/v1/pools/cpu", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+            return pools.status_code == 200 and pools.json()["workers_online"] >= 1
 
-    server.wait_for(worker_online, timeout=90, what="the cpu worker's heartbeat")
+        server.wait_for(worker_online, timeout=90, what="the cpu worker's heartbeat")
+    except BaseException:
+        stop_server(server)
+        raise
     return server
 
 

@@ -8,8 +8,9 @@ from fastapi.responses import RedirectResponse
 from app.auth import service
 from app.core.deps import CsrfChecked, SessionDep, WebUser
 from app.core.templating import render
+from app.core.routing import Route
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=Route, include_in_schema=False)
 
 
 def _safe_next(next_: str) -> str:

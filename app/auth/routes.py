@@ -8,8 +8,9 @@ from app.auth.models import (
     ApiTokenCreate, ApiTokenCreated, ApiTokenPublic, ApiTokensPublic, User, UserCreate, UserPublic, UsersPublic,
 )
 from app.core.deps import AdminUser, CurrentUser, SessionDep
+from app.core.routing import Route
 
-router = APIRouter(prefix="/api/v1", tags=["auth"])
+router = APIRouter(route_class=Route, prefix="/api/v1", tags=["auth"])
 
 
 @router.get("/users/me", response_model=UserPublic)

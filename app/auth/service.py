@@ -46,17 +46,19 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def user_for_token(session: Session, secret: str) -> User | None:
-    token = session.exec(
-        select(ApiToken).where(ApiToken.token_hash == hash_token(secret), ApiToken.revoked_at.is_(None))
+    found = session.exec(
+        select(ApiToken, User).join(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == hash_token(secret), ApiToken.revoked_at.is_(None))
     ).first()
-    if token is None:
+    if found is None:
         return None
+    token, user = found
     now = utcnow()
     if token.last_used_at is None or now - token.last_used_at > _LAST_USED_RESOLUTION:
         token.last_used_at = now
         session.add(token)
         session.commit()
-    return session.get(User, token.user_id)
+    return user
 
 
 def list_tokens(session: Session, user: User) -> list[ApiToken]:

@@ -1,6 +1,6 @@
 """Engine, sessions and migrations. The database is the source of truth for every process."""
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +23,8 @@ def get_engine() -> Engine:
     url = settings.sqlalchemy_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               pool_size=20, max_overflow=20)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -45,9 +46,23 @@ def reset_engine() -> None:
     get_engine.cache_clear()
 
 
-def get_session() -> Iterator[Session]:
-    with Session(get_engine()) as session:
+async def get_session() -> AsyncIterator[Session]:
+    """The request's session. Async on purpose: a sync generator dependency would need a free
+    threadpool slot to run its cleanup, and requests waiting for a pooled connection can hold
+    every slot while the connection they wait for is held by a cleanup that cannot run.
+    Opening a Session connects nothing; closing it hands the connection back at once.
+    Dependencies that query before the endpoint runs end their transaction (`release`), so no
+    request holds a connection while it waits for a thread."""
+    session = Session(get_engine(), expire_on_commit=False)
+    try:
         yield session
+    finally:
+        session.close()
+
+
+def release(session: Session) -> None:
+    """End the session's transaction, handing its connection back to the pool (objects stay loaded)."""
+    session.commit()
 
 
 def session_scope() -> Session:

@@ -13,7 +13,7 @@ from sqlmodel import Session
 
 from app.auth import service as auth_service
 from app.auth.models import User
-from app.core.db import get_session
+from app.core.db import get_session, release
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
@@ -37,6 +37,13 @@ def _unauthorized(detail: str) -> HTTPException:
 
 
 def get_current_user(request: Request, session: SessionDep) -> User:
+    try:
+        return _authenticate(request, session)
+    finally:
+        release(session)
+
+
+def _authenticate(request: Request, session: Session) -> User:
     header = request.headers.get("authorization")
     if header:
         scheme, _, secret = header.partition(" ")
@@ -74,6 +81,7 @@ class LoginRequired(Exception):
 def get_web_user(request: Request, session: SessionDep) -> User:
     user_id = request.session.get("user_id")
     user = session.get(User, user_id) if user_id is not None else None
+    release(session)
     if user is None:
         raise LoginRequired()
     return user

@@ -2,7 +2,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column
+from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import AutoString
 from sqlmodel import Field, SQLModel
 
@@ -24,8 +24,10 @@ class DatasetBase(SQLModel):
 
 class Dataset(DatasetBase, table=True):
     __tablename__ = "datasets"
+    # Lists are per owner, newest first: this index serves them without a sort.
+    __table_args__ = (Index("ix_datasets_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)
-    owner_id: int = Field(foreign_key="users.id", index=True, ondelete="CASCADE")
+    owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
     bytes: int = Field(sa_type=BigInteger)
     sha256: str = Field(max_length=64)
     storage_key: str = Field(max_length=512)
@@ -41,7 +43,7 @@ class Dataset(DatasetBase, table=True):
     duplicates: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     stats: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     preview: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    created_at: datetime = Field(default_factory=utcnow, index=True)
+    created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     validated_at: datetime | None = None
 

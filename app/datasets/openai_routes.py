@@ -6,11 +6,12 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse
 
 from app.core.deps import CurrentUser, SessionDep
+from app.core.routing import Route
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetStatus, OpenAIFile, OpenAIFileDeleted, OpenAIFileList
 from app.datasets.routes import receive_dataset
 
-router = APIRouter(prefix="/v1/files", tags=["openai"])
+router = APIRouter(route_class=Route, prefix="/v1/files", tags=["openai"])
 
 _STATUS = {DatasetStatus.validating: "uploaded", DatasetStatus.ready: "processed", DatasetStatus.invalid: "error"}
 

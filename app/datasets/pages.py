@@ -5,10 +5,11 @@ from fastapi.responses import RedirectResponse
 
 from app.core.deps import CsrfChecked, SessionDep, WebUser
 from app.core.templating import render
+from app.core.routing import Route
 from app.datasets import service
 from app.datasets.models import DatasetPublic
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=Route, include_in_schema=False)
 
 
 @router.get("/datasets")

@@ -10,10 +10,11 @@ from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.sse import watch
 from app.core.uploads import receive_multipart
+from app.core.routing import Route
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetPublic, DatasetsPublic, DatasetStatus, DatasetSummary
 
-router = APIRouter(prefix="/api/v1/datasets", tags=["datasets"])
+router = APIRouter(route_class=Route, prefix="/api/v1/datasets", tags=["datasets"])
 
 UPLOAD_BODY = {
     "requestBody": {

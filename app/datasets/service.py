@@ -5,6 +5,7 @@ from pathlib import Path
 
 from sqlalchemy import tuple_
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import defer
 from sqlmodel import Session, col, func, select
 
 from app.auth.models import User
@@ -17,6 +18,7 @@ from app.datasets.models import Dataset, DatasetStatus
 from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
 
 PURPOSES = ("fine-tune",)
+REPORT_COLUMNS = (Dataset.duplicates, Dataset.stats, Dataset.preview)  # bulky; errors are capped and listed
 
 
 class DatasetInUse(Exception):
@@ -107,6 +109,7 @@ def list_datasets(
     count = session.exec(select(func.count()).select_from(Dataset).where(*where)).one()
     rows = session.exec(
         select(Dataset).where(*where).order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
+        .options(*(defer(c, raiseload=True) for c in REPORT_COLUMNS))  # lists never show these
         .offset(offset).limit(limit)
     ).all()
     return list(rows), count

@@ -8,10 +8,11 @@ from pydantic import ValidationError
 
 from app.core.deps import CsrfChecked, SessionDep, WebUser
 from app.core.templating import render
+from app.core.routing import Route
 from app.pools import service
 from app.pools.models import ACCELERATORS, PoolCreate
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=Route, include_in_schema=False)
 
 
 def _page(request, session, user, error=None, status_code=200):

@@ -7,10 +7,11 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from app.core.db import session_scope
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.sse import watch
+from app.core.routing import Route
 from app.pools import service
 from app.pools.models import Pool, PoolCreate, PoolPublic, PoolsPublic, PoolUpdate
 
-router = APIRouter(prefix="/api/v1/pools", tags=["pools"])
+router = APIRouter(route_class=Route, prefix="/api/v1/pools", tags=["pools"])
 
 
 def _unprocessable(exc: service.PoolError) -> HTTPException:

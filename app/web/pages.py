@@ -4,10 +4,11 @@ from fastapi import APIRouter, Request
 
 from app.core.deps import SessionDep, WebUser
 from app.core.templating import render
+from app.core.routing import Route
 from app.datasets import service as datasets
 from app.pools import service as pools
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=Route, include_in_schema=False)
 
 
 @router.get("/")

@@ -2,13 +2,14 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 02:14:43.451300
+Create Date: 2026-11-22 02:32:25.482992
 """
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 import sqlmodel
 from alembic import op
+
 
 revision: str = '0001'
 down_revision: str | None = None
@@ -95,8 +96,7 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id')
     )
     with op.batch_alter_table('datasets', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_datasets_created_at'), ['created_at'], unique=False)
-        batch_op.create_index(batch_op.f('ix_datasets_owner_id'), ['owner_id'], unique=False)
+        batch_op.create_index('ix_datasets_owner_created', ['owner_id', 'created_at', 'id'], unique=False)
         batch_op.create_index(batch_op.f('ix_datasets_status'), ['status'], unique=False)
 
 
@@ -104,8 +104,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table('datasets', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_datasets_status'))
-        batch_op.drop_index(batch_op.f('ix_datasets_owner_id'))
-        batch_op.drop_index(batch_op.f('ix_datasets_created_at'))
+        batch_op.drop_index('ix_datasets_owner_created')
 
     op.drop_table('datasets')
     with op.batch_alter_table('api_tokens', schema=None) as batch_op:
