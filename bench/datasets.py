@@ -9,8 +9,13 @@ as the file grows) in a temporary directory, then for each file:
   * times ``validate_file`` in a fresh subprocess and takes that process's peak RSS
     (``ru_maxrss``), which stands in for the Celery worker,
 
-and prints a table. Goals: validate MB/s >= 0.5 x bare MB/s; worker peak RSS < 300 MB and flat in the
-file size. The script reports; it does not assert (exit code 0 unless something crashes).
+and prints a table. Then it uploads each file through the API of a real `tunedeck up` (uvicorn + a
+Celery worker on the embedded defaults) and watches the web and worker processes' RSS while the
+upload streams in and the worker validates it.
+
+Goals: validate MB/s >= 0.5 x bare MB/s; worker peak RSS < 300 MB and flat in the file size; web
+peak RSS < 200 MB during the upload. The script reports; it does not assert (exit code 0 unless
+something crashes).
 The generated files are deleted at the end.
 """
 
@@ -244,6 +249,104 @@ def print_table(results: list[dict]) -> None:
         )
 
 
+GOAL_WEB_RSS_MB = 200
+
+
+def bench_upload(path: Path) -> dict:
+    """Upload `path` through the real API of a real `tunedeck up` and watch the processes' RSS.
+
+    The web process must stream the upload to storage (peak RSS < 200 MB, flat in the file
+    size); the real Celery worker then validates it, and its RSS is watched too.
+    """
+    import threading
+    import uuid
+
+    import httpx
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
+    data = Path(tempfile.mkdtemp(prefix="tunedeck-bench-up-", dir=path.parent))
+    token = "td_bench_" + uuid.uuid4().hex
+    port = 18500 + random.randrange(400)
+    env = {**os.environ, "TUNEDECK_DATA_DIR": str(data), "TUNEDECK_PORT": str(port), "TUNEDECK_ADMIN_TOKEN": token,
+           "TUNEDECK_ADMIN_PASSWORD": "bench-password"}
+    env.pop("TUNEDECK_DATABASE_URL", None)
+    env.pop("TUNEDECK_BROKER_URL", None)
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], cwd=root, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    peaks = {"web": 0.0, "worker": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                for child in psutil.Process(up.pid).children(recursive=True):
+                    role = "web" if " web" in " ".join(child.cmdline()) else "worker"
+                    peaks[role] = max(peaks[role], child.memory_info().rss / MB)
+            except psutil.Error:
+                pass
+            stop.wait(0.05)
+
+    try:
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=600) as client:
+            for _ in range(300):
+                try:
+                    if client.get("/api/v1/pools/cpu").json()["workers_online"]:
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                time.sleep(0.2)
+            idle = dict(peaks)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            time.sleep(0.3)
+            idle = dict(peaks)
+            boundary = uuid.uuid4().hex
+
+            def body():
+                yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
+                       "Content-Type: application/octet-stream\r\n\r\n").encode()
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        yield chunk
+                yield f"\r\n--{boundary}--\r\n".encode()
+
+            t0 = time.perf_counter()
+            r = client.post("/api/v1/datasets", content=body(),
+                            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            upload_s = time.perf_counter() - t0
+            r.raise_for_status()
+            dataset_id = r.json()["id"]
+            while (d := client.get(f"/api/v1/datasets/{dataset_id}").json())["status"] == "validating":
+                time.sleep(0.2)
+            total_s = time.perf_counter() - t0
+    finally:
+        stop.set()
+        up.send_signal(2)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        shutil.rmtree(data, ignore_errors=True)
+    size = path.stat().st_size
+    return {"file": path.name, "size_mb": size / MB, "upload_mb_s": size / MB / upload_s,
+            "validated_in_worker_s": total_s - upload_s, "status": d["status"], "rows": d["rows"],
+            "web_idle_rss_mb": idle["web"], "web_peak_rss_mb": peaks["web"], "worker_peak_rss_mb": peaks["worker"]}
+
+
+def print_upload_table(uploads: list[dict]) -> None:
+    head = (f"{'size MB':>8} {'upload MB/s':>11} {'web RSS idle':>12} {'web RSS peak':>12} "
+            f"{'worker RSS peak':>15} {'validated':>10}  goal")
+    print("Through the API of a real `tunedeck up` (uvicorn + Celery worker):")
+    print(head)
+    print("-" * len(head))
+    for u in uploads:
+        goal = "web rss ok" if u["web_peak_rss_mb"] < GOAL_WEB_RSS_MB else f"web rss >= {GOAL_WEB_RSS_MB}"
+        print(f"{u['size_mb']:8.0f} {u['upload_mb_s']:11.0f} {u['web_idle_rss_mb']:12.1f} {u['web_peak_rss_mb']:12.1f} "
+              f"{u['worker_peak_rss_mb']:15.1f} {u['validated_in_worker_s']:9.1f}s  {goal} ({u['status']}, {u['rows']} rows)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=512, help="size of the large file (a half-size one is added)")
@@ -279,21 +382,17 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_file(path, args.repeat))
             print(f"  measured {path.name}", flush=True)
 
-        # -----------------------------------------------------------------------------------
-        # HOOK: upload through the API (to be added by the web/API side, not implemented here).
-        # For each file above: start the app (uvicorn) in a subprocess, upload the file through the
-        # dataset upload endpoint (streaming multipart), wait for validation to finish, and record
-        # the web process's peak RSS (goal: < 200 MB, flat in the file size) next to the worker's
-        # figures in `results` / the table.
-        # -----------------------------------------------------------------------------------
-
+        uploads = [bench_upload(path) for path in (half, big)]
         print()
         print_table(results)
+        print()
+        print_upload_table(uploads)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             out = args.out / "datasets.json"
-            out.write_text(json.dumps({"goals": {"ratio": GOAL_RATIO, "worker_rss_mb": GOAL_WORKER_RSS_MB},
-                                       "results": results}, indent=2))
+            out.write_text(json.dumps({"goals": {"ratio": GOAL_RATIO, "worker_rss_mb": GOAL_WORKER_RSS_MB,
+                                                 "web_rss_mb": GOAL_WEB_RSS_MB},
+                                       "results": results, "uploads": uploads}, indent=2))
             print(f"wrote {out}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
