@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PG_TEST_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 REDIS_TEST_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test test-pg browser bench clean
+.PHONY: run test test-pg lint browser bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 
 test-pg: $(VENV)/.installed-dev browser  ## the same suite on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) $(BIN)/pytest -q
+
+lint: $(VENV)/.installed-dev  ## ruff: lint and format check
+	$(BIN)/ruff check app worker tests bench migrations
+	$(BIN)/ruff format --check app worker tests bench migrations
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/datasets.py

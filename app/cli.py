@@ -11,8 +11,9 @@ import typer
 
 from app.core.config import get_settings
 
-cli = typer.Typer(help="Tunedeck: LoRA fine-tuning and serving of open LLMs.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+cli = typer.Typer(
+    help="Tunedeck: LoRA fine-tuning and serving of open LLMs.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 db_cli = typer.Typer(help="Database schema.", no_args_is_help=True)
 token_cli = typer.Typer(help="API tokens.", no_args_is_help=True)
 user_cli = typer.Typer(help="Users.", no_args_is_help=True)
@@ -76,9 +77,16 @@ def web(
     if migrate:
         _announce(prepare())
     settings = get_settings()
-    uvicorn.run("app.main:create_app", factory=True, host=settings.host, port=settings.port,
-                workers=workers or settings.web_workers, log_level="info", proxy_headers=True,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers or settings.web_workers,
+        log_level="info",
+        proxy_headers=True,
+        timeout_graceful_shutdown=5,
+    )
 
 
 @cli.command()
@@ -94,10 +102,21 @@ def worker(
     os.environ["TUNEDECK_POOL"] = pool
     from worker.celery_app import celery
 
-    celery.worker_main([
-        "worker", "--queues", f"{pool},{GENERAL_QUEUE}", "--hostname", name or f"{pool}@%h",
-        "--concurrency", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-    ])
+    celery.worker_main(
+        [
+            "worker",
+            "--queues",
+            f"{pool},{GENERAL_QUEUE}",
+            "--hostname",
+            name or f"{pool}@%h",
+            "--concurrency",
+            str(concurrency),
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
 
 
 @cli.command()

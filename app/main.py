@@ -5,7 +5,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio.to_thread
-
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -46,17 +45,33 @@ def create_app() -> FastAPI:
         gc.freeze()
         yield
 
-    app = FastAPI(title="Tunedeck", version="0.1.0", lifespan=lifespan,
-                  description="LoRA fine-tuning and serving of open LLMs on TPU hosts")
+    app = FastAPI(
+        title="Tunedeck",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="LoRA fine-tuning and serving of open LLMs on TPU hosts",
+    )
     app.add_middleware(
-        SessionMiddleware, secret_key=settings.session_secret(), session_cookie="tunedeck_session",
-        same_site="lax", https_only=settings.cookie_secure, max_age=14 * 24 * 3600,
+        SessionMiddleware,
+        secret_key=settings.session_secret(),
+        session_cookie="tunedeck_session",
+        same_site="lax",
+        https_only=settings.cookie_secure,
+        max_age=14 * 24 * 3600,
     )
     app.add_middleware(MetricsMiddleware)
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
 
-    for module in (auth_routes, dataset_routes, dataset_openai_routes, pool_routes,
-                   auth_pages, dataset_pages, pool_pages, web_pages):
+    for module in (
+        auth_routes,
+        dataset_routes,
+        dataset_openai_routes,
+        pool_routes,
+        auth_pages,
+        dataset_pages,
+        pool_pages,
+        web_pages,
+    ):
         app.include_router(module.router)
 
     @app.get("/healthz", include_in_schema=False)

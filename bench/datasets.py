@@ -268,12 +268,18 @@ def bench_upload(path: Path) -> dict:
     data = Path(tempfile.mkdtemp(prefix="tunedeck-bench-up-", dir=path.parent))
     token = "td_bench_" + uuid.uuid4().hex
     port = 18500 + random.randrange(400)
-    env = {**os.environ, "TUNEDECK_DATA_DIR": str(data), "TUNEDECK_PORT": str(port), "TUNEDECK_ADMIN_TOKEN": token,
-           "TUNEDECK_ADMIN_PASSWORD": "bench-password"}
+    env = {
+        **os.environ,
+        "TUNEDECK_DATA_DIR": str(data),
+        "TUNEDECK_PORT": str(port),
+        "TUNEDECK_ADMIN_TOKEN": token,
+        "TUNEDECK_ADMIN_PASSWORD": "bench-password",
+    }
     env.pop("TUNEDECK_DATABASE_URL", None)
     env.pop("TUNEDECK_BROKER_URL", None)
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], cwd=root, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     base = f"http://127.0.0.1:{port}"
     peaks = {"web": 0.0, "worker": 0.0}
     stop = threading.Event()
@@ -305,16 +311,21 @@ def bench_upload(path: Path) -> dict:
             boundary = uuid.uuid4().hex
 
             def body():
-                yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
-                       "Content-Type: application/octet-stream\r\n\r\n").encode()
+                yield (
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
+                    "Content-Type: application/octet-stream\r\n\r\n"
+                ).encode()
                 with open(path, "rb") as f:
                     while chunk := f.read(1 << 20):
                         yield chunk
                 yield f"\r\n--{boundary}--\r\n".encode()
 
             t0 = time.perf_counter()
-            r = client.post("/api/v1/datasets", content=body(),
-                            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            r = client.post(
+                "/api/v1/datasets",
+                content=body(),
+                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+            )
             upload_s = time.perf_counter() - t0
             r.raise_for_status()
             dataset_id = r.json()["id"]
@@ -330,21 +341,34 @@ def bench_upload(path: Path) -> dict:
             up.kill()
         shutil.rmtree(data, ignore_errors=True)
     size = path.stat().st_size
-    return {"file": path.name, "size_mb": size / MB, "upload_mb_s": size / MB / upload_s,
-            "validated_in_worker_s": total_s - upload_s, "status": d["status"], "rows": d["rows"],
-            "web_idle_rss_mb": idle["web"], "web_peak_rss_mb": peaks["web"], "worker_peak_rss_mb": peaks["worker"]}
+    return {
+        "file": path.name,
+        "size_mb": size / MB,
+        "upload_mb_s": size / MB / upload_s,
+        "validated_in_worker_s": total_s - upload_s,
+        "status": d["status"],
+        "rows": d["rows"],
+        "web_idle_rss_mb": idle["web"],
+        "web_peak_rss_mb": peaks["web"],
+        "worker_peak_rss_mb": peaks["worker"],
+    }
 
 
 def print_upload_table(uploads: list[dict]) -> None:
-    head = (f"{'size MB':>8} {'upload MB/s':>11} {'web RSS idle':>12} {'web RSS peak':>12} "
-            f"{'worker RSS peak':>15} {'validated':>10}  goal")
+    head = (
+        f"{'size MB':>8} {'upload MB/s':>11} {'web RSS idle':>12} {'web RSS peak':>12} "
+        f"{'worker RSS peak':>15} {'validated':>10}  goal"
+    )
     print("Through the API of a real `tunedeck up` (uvicorn + Celery worker):")
     print(head)
     print("-" * len(head))
     for u in uploads:
         goal = "web rss ok" if u["web_peak_rss_mb"] < GOAL_WEB_RSS_MB else f"web rss >= {GOAL_WEB_RSS_MB}"
-        print(f"{u['size_mb']:8.0f} {u['upload_mb_s']:11.0f} {u['web_idle_rss_mb']:12.1f} {u['web_peak_rss_mb']:12.1f} "
-              f"{u['worker_peak_rss_mb']:15.1f} {u['validated_in_worker_s']:9.1f}s  {goal} ({u['status']}, {u['rows']} rows)")
+        print(
+            f"{u['size_mb']:8.0f} {u['upload_mb_s']:11.0f} {u['web_idle_rss_mb']:12.1f} {u['web_peak_rss_mb']:12.1f} "
+            f"{u['worker_peak_rss_mb']:15.1f} {u['validated_in_worker_s']:9.1f}s  "
+            f"{goal} ({u['status']}, {u['rows']} rows)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,9 +414,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             out = args.out / "datasets.json"
-            out.write_text(json.dumps({"goals": {"ratio": GOAL_RATIO, "worker_rss_mb": GOAL_WORKER_RSS_MB,
-                                                 "web_rss_mb": GOAL_WEB_RSS_MB},
-                                       "results": results, "uploads": uploads}, indent=2))
+            out.write_text(
+                json.dumps(
+                    {
+                        "goals": {
+                            "ratio": GOAL_RATIO,
+                            "worker_rss_mb": GOAL_WORKER_RSS_MB,
+                            "web_rss_mb": GOAL_WEB_RSS_MB,
+                        },
+                        "results": results,
+                        "uploads": uploads,
+                    },
+                    indent=2,
+                )
+            )
             print(f"wrote {out}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -88,15 +88,17 @@ class Server:
 def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL")}
-    env.update({
-        "TUNEDECK_DATA_DIR": str(data_dir),
-        "TUNEDECK_HOST": "127.0.0.1",
-        "TUNEDECK_PORT": str(port),
-        "TUNEDECK_ADMIN_PASSWORD": secrets.token_urlsafe(12),
-        "TUNEDECK_ADMIN_TOKEN": "td_test_" + secrets.token_urlsafe(24),
-        "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "TUNEDECK_DATA_DIR": str(data_dir),
+            "TUNEDECK_HOST": "127.0.0.1",
+            "TUNEDECK_PORT": str(port),
+            "TUNEDECK_ADMIN_PASSWORD": secrets.token_urlsafe(12),
+            "TUNEDECK_ADMIN_TOKEN": "td_test_" + secrets.token_urlsafe(24),
+            "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if os.environ.get("TUNEDECK_TEST_DATABASE_URL") and not (extra_env or {}).get("TUNEDECK_DATABASE_URL"):
         env["TUNEDECK_DATABASE_URL"] = _fresh_postgres(os.environ["TUNEDECK_TEST_DATABASE_URL"])
     if os.environ.get("TUNEDECK_TEST_BROKER_URL"):
@@ -107,8 +109,13 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     password, token = env["TUNEDECK_ADMIN_PASSWORD"], env["TUNEDECK_ADMIN_TOKEN"]
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "up"], cwd=ROOT, env=env,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     server = Server(f"http://127.0.0.1:{port}", data_dir, env, "admin", password, token, proc, log_path)
 
     def healthy():
@@ -129,7 +136,9 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
             server.admin_token = token = re.search(r"\(shown once\): (td_\S+)", log).group(1)
 
         def worker_online():
-            pools = httpx.get(f"{server.base_url}/api/v1/pools/cpu", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+            pools = httpx.get(
+                f"{server.base_url}/api/v1/pools/cpu", headers={"Authorization": f"Bearer {token}"}, timeout=5
+            )
             return pools.status_code == 200 and pools.json()["workers_online"] >= 1
 
         server.wait_for(worker_online, timeout=90, what="the cpu worker's heartbeat")

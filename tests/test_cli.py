@@ -1,6 +1,5 @@
 """`tunedeck up` as a newcomer runs it, and the rest of the CLI."""
 
-import signal
 import subprocess
 import sys
 
@@ -10,8 +9,10 @@ from tests.conftest import ROOT, start_server, stop_server
 
 
 def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_path):
-    srv = start_server(tmp_path / "first", {"TUNEDECK_ADMIN_PASSWORD": "", "TUNEDECK_ADMIN_TOKEN": "",
-                                            "TUNEDECK_MAX_UPLOAD_BYTES": "1000"})
+    srv = start_server(
+        tmp_path / "first",
+        {"TUNEDECK_ADMIN_PASSWORD": "", "TUNEDECK_ADMIN_TOKEN": "", "TUNEDECK_MAX_UPLOAD_BYTES": "1000"},
+    )
     try:
         log = srv.log()
         assert f"Tunedeck: {srv.base_url}" in log
@@ -30,7 +31,7 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
         assert r.status_code == 413 and "1000 bytes" in r.json()["detail"]
 
         def chunked():
-            yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n\r\n"
+            yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
             for _ in range(10):
                 yield b"y" * 500
             yield b"\r\n--b--\r\n"
@@ -45,8 +46,14 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
     assert "tunedeck: stopped" in srv.log()
 
     # A second start keeps the data and prints no new secrets.
-    again = start_server(srv.data_dir, {"TUNEDECK_ADMIN_PASSWORD": "unused-now", "TUNEDECK_ADMIN_TOKEN": srv.admin_token,
-                                        "TUNEDECK_DATABASE_URL": srv.env.get("TUNEDECK_DATABASE_URL", "")})
+    again = start_server(
+        srv.data_dir,
+        {
+            "TUNEDECK_ADMIN_PASSWORD": "unused-now",
+            "TUNEDECK_ADMIN_TOKEN": srv.admin_token,
+            "TUNEDECK_DATABASE_URL": srv.env.get("TUNEDECK_DATABASE_URL", ""),
+        },
+    )
     try:
         assert "First start" not in again.log()
     finally:
@@ -54,8 +61,15 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
 
 
 def _cli(*args, env=None, input=None):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, input=input,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_token_create_prints_a_working_token(server):

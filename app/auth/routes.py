@@ -5,7 +5,14 @@ from sqlmodel import select
 
 from app.auth import service
 from app.auth.models import (
-    ApiTokenCreate, ApiTokenCreated, ApiTokenPublic, ApiTokensPublic, User, UserCreate, UserPublic, UsersPublic,
+    ApiTokenCreate,
+    ApiTokenCreated,
+    ApiTokenPublic,
+    ApiTokensPublic,
+    User,
+    UserCreate,
+    UserPublic,
+    UsersPublic,
 )
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route

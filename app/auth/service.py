@@ -47,7 +47,8 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 def user_for_token(session: Session, secret: str) -> User | None:
     found = session.exec(
-        select(ApiToken, User).join(User, User.id == ApiToken.user_id)
+        select(ApiToken, User)
+        .join(User, User.id == ApiToken.user_id)
         .where(ApiToken.token_hash == hash_token(secret), ApiToken.revoked_at.is_(None))
     ).first()
     if found is None:

@@ -14,7 +14,10 @@ from app.core.db import session_scope
 registry = CollectorRegistry()
 REQUESTS = Counter("tunedeck_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=registry)
 LATENCY = Histogram(
-    "tunedeck_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=registry,
+    "tunedeck_http_request_duration_seconds",
+    "HTTP request latency",
+    ["method", "route"],
+    registry=registry,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 

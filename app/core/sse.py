@@ -17,7 +17,9 @@ from starlette.concurrency import run_in_threadpool
 POLL_SECONDS = 0.5
 
 
-def watch(request: Request, snapshot: Callable[[], tuple[Any, Any] | None], *, event: str = "update") -> EventSourceResponse:
+def watch(
+    request: Request, snapshot: Callable[[], tuple[Any, Any] | None], *, event: str = "update"
+) -> EventSourceResponse:
     """Stream `snapshot()`'s payload each time its fingerprint changes.
 
     `snapshot` returns (fingerprint, payload) or None when the object is gone (ends the stream).

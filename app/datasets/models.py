@@ -3,8 +3,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Index
-from sqlmodel import AutoString
-from sqlmodel import Field, SQLModel
+from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
 

@@ -18,13 +18,18 @@ _STATUS = {DatasetStatus.validating: "uploaded", DatasetStatus.ready: "processed
 _BODY = {
     "requestBody": {
         "required": True,
-        "content": {"multipart/form-data": {"schema": {
-            "type": "object", "required": ["file", "purpose"],
-            "properties": {
-                "file": {"type": "string", "format": "binary"},
-                "purpose": {"type": "string", "enum": list(service.PURPOSES)},
-            },
-        }}},
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": list(service.PURPOSES)},
+                    },
+                }
+            }
+        },
     }
 }
 
@@ -36,8 +41,13 @@ def to_openai(d: Dataset) -> OpenAIFile:
         where = f"line {first['line']}: " if first.get("line") else ""
         details = f"{d.error_count} error(s); {where}{first['message']}"
     return OpenAIFile(
-        id=d.id, bytes=d.bytes, created_at=int(d.created_at.timestamp()), filename=d.filename,
-        purpose=d.purpose, status=_STATUS[d.status], status_details=details,
+        id=d.id,
+        bytes=d.bytes,
+        created_at=int(d.created_at.timestamp()),
+        filename=d.filename,
+        purpose=d.purpose,
+        status=_STATUS[d.status],
+        status_details=details,
     )
 
 
@@ -55,7 +65,8 @@ async def create_file(request: Request, user: CurrentUser) -> OpenAIFile:
 
 @router.get("", response_model=OpenAIFileList)
 def list_files(
-    session: SessionDep, user: CurrentUser,
+    session: SessionDep,
+    user: CurrentUser,
     purpose: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     after: str | None = None,
@@ -63,8 +74,12 @@ def list_files(
     cursor = _get(session, user, after) if after else None
     rows, count = service.list_datasets(session, user, limit=limit, purpose=purpose, after=cursor)
     data = [to_openai(r) for r in rows]
-    return OpenAIFileList(data=data, has_more=count > len(rows),
-                          first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
+    return OpenAIFileList(
+        data=data,
+        has_more=count > len(rows),
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
 
 
 @router.get("/{file_id}", response_model=OpenAIFile)

@@ -4,8 +4,8 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import RedirectResponse
 
 from app.core.deps import CsrfChecked, SessionDep, WebUser
-from app.core.templating import render
 from app.core.routing import Route
+from app.core.templating import render
 from app.datasets import service
 from app.datasets.models import DatasetPublic
 
@@ -23,7 +23,9 @@ def dataset_page(dataset_id: str, request: Request, session: SessionDep, user: W
     dataset = service.get_dataset(session, user, dataset_id)
     if dataset is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {dataset_id} not found")
-    return render(request, "datasets/detail.html", user, dataset=DatasetPublic.model_validate(dataset).model_dump(mode="json"))
+    return render(
+        request, "datasets/detail.html", user, dataset=DatasetPublic.model_validate(dataset).model_dump(mode="json")
+    )
 
 
 @router.post("/datasets/{dataset_id}/delete", dependencies=[CsrfChecked])

@@ -8,9 +8,9 @@ from fastapi.responses import FileResponse
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
+from app.core.routing import Route
 from app.core.sse import watch
 from app.core.uploads import receive_multipart
-from app.core.routing import Route
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetPublic, DatasetsPublic, DatasetStatus, DatasetSummary
 
@@ -54,8 +54,12 @@ async def receive_dataset(request: Request, user, *, purpose_field: bool = False
         with session_scope() as session:
             try:
                 return service.create_from_upload(
-                    session, user, upload, file_type=form.fields.get("file_type") or None,
-                    fmt=form.fields.get("format") or None, purpose=purpose,
+                    session,
+                    user,
+                    upload,
+                    file_type=form.fields.get("file_type") or None,
+                    fmt=form.fields.get("format") or None,
+                    purpose=purpose,
                 )
             except service.InvalidOption as exc:
                 raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"form field '{exc.field}': {exc}") from exc
@@ -98,7 +102,11 @@ def list_datasets(
 
 @router.get("/{dataset_id}", response_model=DatasetPublic)
 def get_dataset(
-    dataset_id: str, request: Request, session: SessionDep, user: CurrentUser, watch_: Annotated[bool, Query(alias="watch")] = False
+    dataset_id: str,
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
 ):
     """One dataset; with `?watch=true`, a server-sent event stream of it, sent on every change."""
     dataset = service.get_dataset(session, user, dataset_id)
@@ -112,7 +120,9 @@ def get_dataset(
             current = service.get_dataset(s, user, dataset_id)
             if current is None:
                 return None
-            return (current.updated_at, current.status, current.progress_bytes), DatasetPublic.model_validate(current).model_dump(mode="json")
+            return (current.updated_at, current.status, current.progress_bytes), DatasetPublic.model_validate(
+                current
+            ).model_dump(mode="json")
 
     return watch(request, snapshot)
 

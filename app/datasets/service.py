@@ -108,9 +108,12 @@ def list_datasets(
         where.append(tuple_(Dataset.created_at, Dataset.id) < tuple_(after.created_at, after.id))
     count = session.exec(select(func.count()).select_from(Dataset).where(*where)).one()
     rows = session.exec(
-        select(Dataset).where(*where).order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
+        select(Dataset)
+        .where(*where)
+        .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
         .options(*(defer(c, raiseload=True) for c in REPORT_COLUMNS))  # lists never show these
-        .offset(offset).limit(limit)
+        .offset(offset)
+        .limit(limit)
     ).all()
     return list(rows), count
 
@@ -150,8 +153,11 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
     progress(0, dataset.bytes)
     try:
         report = validate_file(
-            file_path(dataset), dataset.filename,
-            file_type=dataset.requested_file_type, fmt=dataset.requested_format, progress=progress,
+            file_path(dataset),
+            dataset.filename,
+            file_type=dataset.requested_file_type,
+            fmt=dataset.requested_format,
+            progress=progress,
         )
     except DatasetFormatError as exc:
         _fail(dataset, str(exc))

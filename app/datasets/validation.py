@@ -345,9 +345,13 @@ def _fast_chat(o):
         c1 = m1["content"]
         c2 = m2["content"]
         if (
-            m0["role"] == _S and m1["role"] == _U and m2["role"] == _A
+            m0["role"] == _S
+            and m1["role"] == _U
+            and m2["role"] == _A
             and len(m0) + len(m1) + len(m2) == 6  # exactly role + content each: no weight to check
-            and c0 and c1 and c2
+            and c0
+            and c1
+            and c2
             and not (c0.isspace() or c1.isspace() or c2.isspace())  # also raises on non-strings
         ):
             return (len(c0) + len(c1) + len(c2)) << 24 | 8388611  # _SYS_FLAG | 3
@@ -543,7 +547,7 @@ class _Accumulator:
         keep = np.argsort(later, kind="stable")[:MAX_LISTED]
         later_lines = self.lines_of(later[keep]).tolist()
         first_lines = self.lines_of(first[keep]).tolist()
-        return [{"line": int(a), "duplicate_of": int(b)} for a, b in zip(later_lines, first_lines)], count
+        return [{"line": int(a), "duplicate_of": int(b)} for a, b in zip(later_lines, first_lines, strict=True)], count
 
     def stats(self) -> dict:
         """Length statistics over the valid records, computed block by block (small temporaries)."""
@@ -775,8 +779,9 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         if header is None:
             return  # no records
         if too_long:
-            raise DatasetFormatError(f"{filename}: cannot read the CSV header: line 1 is longer than "
-                                     f"{_MAX_LINE >> 20} MiB")
+            raise DatasetFormatError(
+                f"{filename}: cannot read the CSV header: line 1 is longer than {_MAX_LINE >> 20} MiB"
+            )
         header_line = reader.line_num
         cols = [c.strip() for c in header]
         if acc.fmt is None:
@@ -784,7 +789,8 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         missing = [c for c in _REQUIRED[acc.fmt] if c not in cols]
         if bad_utf8 or missing:
             message = (
-                "the header is not valid UTF-8 text" if bad_utf8
+                "the header is not valid UTF-8 text"
+                if bad_utf8
                 else f"missing required column(s) for format '{acc.fmt}': {', '.join(missing)} "
                 f"(the header has: {', '.join(cols) or 'nothing'})"
             )
@@ -793,7 +799,6 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         wanted = _REQUIRED[acc.fmt] + _OPTIONAL.get(acc.fmt, ())
         index = [(name, cols.index(name)) for name in wanted if name in cols]
         chat = acc.fmt == "chat"
-        loads = orjson.loads
         n = 0
         while True:
             start = reader.line_num + 1
@@ -816,20 +821,28 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
                 bad_utf8.clear()
                 continue
             obj = {name: row[i] for name, i in index if i < len(row)}
-            if chat and "messages" in obj:
-                cell = obj["messages"]
-                if not cell.strip():
-                    acc.add_invalid(start, "messages", "empty value: expected a JSON list of messages")
-                    continue
-                try:
-                    obj["messages"] = loads(cell)
-                except orjson.JSONDecodeError as exc:
-                    acc.add_invalid(start, "messages", f"invalid JSON: {exc}")
-                    continue
+            if chat and "messages" in obj and not _decode_messages_cell(acc, start, obj):
+                continue
             acc.check(start, obj, key_from_convo=True)
             n += 1
             if not n & 1023:
                 prog.maybe(raw.tell())
+
+
+def _decode_messages_cell(acc: _Accumulator, line: int, obj: dict) -> bool:
+    """Decode a `messages` cell that holds the list as a JSON string (CSV, Parquet), in place.
+
+    Records the record as invalid and returns False when the cell is empty or not JSON."""
+    cell = obj["messages"]
+    if not cell.strip():
+        acc.add_invalid(line, "messages", "empty value: expected a JSON list of messages")
+        return False
+    try:
+        obj["messages"] = orjson.loads(cell)
+    except orjson.JSONDecodeError as exc:
+        acc.add_invalid(line, "messages", f"invalid JSON: {exc}")
+        return False
+    return True
 
 
 def _arrow_messages_ok(pa, typ) -> bool:
@@ -872,7 +885,6 @@ def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, 
         return
     wanted = [c for c in _REQUIRED[acc.fmt] + _OPTIONAL.get(acc.fmt, ()) if c in names]
     num_rows = pf.metadata.num_rows or 0
-    loads = orjson.loads
     row = 0
     batches = pf.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted)
     while True:
@@ -890,13 +902,7 @@ def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, 
             if chat and "messages" in obj:
                 msgs = obj["messages"]
                 if type(msgs) is str:
-                    if not msgs.strip():
-                        acc.add_invalid(row, "messages", "empty value: expected a JSON list of messages")
-                        continue
-                    try:
-                        obj["messages"] = loads(msgs)
-                    except orjson.JSONDecodeError as exc:
-                        acc.add_invalid(row, "messages", f"invalid JSON: {exc}")
+                    if not _decode_messages_cell(acc, row, obj):
                         continue
                 elif type(msgs) is list:
                     obj["messages"] = [

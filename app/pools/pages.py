@@ -7,8 +7,8 @@ from fastapi.responses import RedirectResponse
 from pydantic import ValidationError
 
 from app.core.deps import CsrfChecked, SessionDep, WebUser
-from app.core.templating import render
 from app.core.routing import Route
+from app.core.templating import render
 from app.pools import service
 from app.pools.models import ACCELERATORS, PoolCreate
 
@@ -16,8 +16,15 @@ router = APIRouter(route_class=Route, include_in_schema=False)
 
 
 def _page(request, session, user, error=None, status_code=200):
-    return render(request, "pools.html", user, pools=service.list_pools(session), accelerators=ACCELERATORS,
-                  error=error, status_code=status_code)
+    return render(
+        request,
+        "pools.html",
+        user,
+        pools=service.list_pools(session),
+        accelerators=ACCELERATORS,
+        error=error,
+        status_code=status_code,
+    )
 
 
 @router.get("/pools")
@@ -27,15 +34,25 @@ def pools_page(request: Request, session: SessionDep, user: WebUser):
 
 @router.post("/pools", dependencies=[CsrfChecked])
 def create_pool(
-    request: Request, session: SessionDep, user: WebUser,
-    name: Annotated[str, Form()], accelerator: Annotated[str, Form()],
-    chips: Annotated[str, Form()], price_per_chip_hour: Annotated[str, Form()], description: Annotated[str, Form()] = "",
+    request: Request,
+    session: SessionDep,
+    user: WebUser,
+    name: Annotated[str, Form()],
+    accelerator: Annotated[str, Form()],
+    chips: Annotated[str, Form()],
+    price_per_chip_hour: Annotated[str, Form()],
+    description: Annotated[str, Form()] = "",
 ):
     if not user.is_admin:
         return _page(request, session, user, error="Only admins can change pools.", status_code=403)
     try:
-        data = PoolCreate(name=name, accelerator=accelerator, chips=chips,
-                          price_per_chip_hour=price_per_chip_hour, description=description)
+        data = PoolCreate(
+            name=name,
+            accelerator=accelerator,
+            chips=chips,
+            price_per_chip_hour=price_per_chip_hour,
+            description=description,
+        )
         service.create_pool(session, data)
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -6,8 +6,8 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 
 from app.core.db import session_scope
 from app.core.deps import AdminUser, CurrentUser, SessionDep
-from app.core.sse import watch
 from app.core.routing import Route
+from app.core.sse import watch
 from app.pools import service
 from app.pools.models import Pool, PoolCreate, PoolPublic, PoolsPublic, PoolUpdate
 
@@ -15,8 +15,9 @@ router = APIRouter(route_class=Route, prefix="/api/v1/pools", tags=["pools"])
 
 
 def _unprocessable(exc: service.PoolError) -> HTTPException:
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                         [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}])
+    return HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
+    )
 
 
 def _get(session, name: str) -> Pool:
@@ -38,8 +39,10 @@ def list_pools(
     def snapshot():
         with session_scope() as s:
             listed = PoolsPublic(data=(pools := service.list_pools(s)), count=len(pools)).model_dump(mode="json")
-        fingerprint = [(p["name"], p["chips"], p["price_per_chip_hour"], [(w["hostname"], w["online"]) for w in p["workers"]])
-                       for p in listed["data"]]
+        fingerprint = [
+            (p["name"], p["chips"], p["price_per_chip_hour"], [(w["hostname"], w["online"]) for w in p["workers"]])
+            for p in listed["data"]
+        ]
         return fingerprint, listed
 
     return watch(request, snapshot)

@@ -12,10 +12,20 @@ from app.pools.models import ACCELERATORS, Pool, PoolCreate, PoolPublic, PoolUpd
 # train on a v5p-8 (4 chips), serve on a v6e-8 (8 chips). Prices: on-demand USD per chip-hour.
 SEED_POOLS = (
     PoolCreate(name="cpu", accelerator="cpu", chips=1, price_per_chip_hour=0.0, description="This machine's CPU"),
-    PoolCreate(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.20,
-               description="TPU v5p-8 host: LoRA training of Gemma 4 31B"),
-    PoolCreate(name="tpu-v6e-8", accelerator="tpu-v6e-8", chips=8, price_per_chip_hour=2.70,
-               description="TPU v6e-8 host: vLLM-TPU serving"),
+    PoolCreate(
+        name="tpu-v5p-8",
+        accelerator="tpu-v5p-8",
+        chips=4,
+        price_per_chip_hour=4.20,
+        description="TPU v5p-8 host: LoRA training of Gemma 4 31B",
+    ),
+    PoolCreate(
+        name="tpu-v6e-8",
+        accelerator="tpu-v6e-8",
+        chips=8,
+        price_per_chip_hour=2.70,
+        description="TPU v6e-8 host: vLLM-TPU serving",
+    ),
 )
 
 
@@ -34,7 +44,9 @@ def seed(session: Session) -> None:
 
 def _check_accelerator(accelerator: str | None) -> None:
     if accelerator is not None and accelerator not in ACCELERATORS:
-        raise PoolError("accelerator", f"unknown accelerator {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
+        raise PoolError(
+            "accelerator", f"unknown accelerator {accelerator!r}; expected one of {', '.join(ACCELERATORS)}"
+        )
 
 
 def online_cutoff():

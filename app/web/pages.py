@@ -3,8 +3,8 @@
 from fastapi import APIRouter, Request
 
 from app.core.deps import SessionDep, WebUser
-from app.core.templating import render
 from app.core.routing import Route
+from app.core.templating import render
 from app.datasets import service as datasets
 from app.pools import service as pools
 

@@ -17,8 +17,6 @@ def _api_operations(schema: dict):
                 yield method.upper(), re.sub(r"\{[^}]+\}", "x1", path)
 
 
-
-
 def test_every_api_route_rejects_missing_and_bad_tokens(server):
     anon = server.anonymous()
     schema = anon.get("/openapi.json").json()

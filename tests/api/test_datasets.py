@@ -12,11 +12,15 @@ from tests.conftest import upload, wait_dataset
 
 
 def chat_line(i: int) -> str:
-    return json.dumps({"messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": f"What is {i} + {i}?"},
-        {"role": "assistant", "content": f"{2 * i}" + " because arithmetic" * (i % 5)},
-    ]})
+    return json.dumps(
+        {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": f"What is {i} + {i}?"},
+                {"role": "assistant", "content": f"{2 * i}" + " because arithmetic" * (i % 5)},
+            ]
+        }
+    )
 
 
 def test_chat_jsonl_becomes_ready_with_stats(server, api):
@@ -42,8 +46,15 @@ def test_bad_lines_are_named(server, api):
     lines = [chat_line(i) for i in range(20)]
     lines[6] = '{"messages": [ this is not json'
     lines[11] = json.dumps({"conversation": []})
-    lines[14] = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"},
-                                         {"role": "assistant", "content": "x"}]})
+    lines[14] = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "late"},
+                {"role": "assistant", "content": "x"},
+            ]
+        }
+    )
     created = upload(api, "bad.jsonl", "\n".join(lines).encode()).json()
     d = wait_dataset(server, api, created["id"])
     assert d["status"] == "invalid"
@@ -59,8 +70,11 @@ def test_formats_detected_across_file_types(server, api):
     table = pa.table({"text": ["the first document", "the second document", "a third"]})
     buf = io.BytesIO()
     pq.write_table(table, buf)
-    cases = [("pc.jsonl", pc, "jsonl", "prompt_completion", 2), ("a.csv", alpaca_csv, "csv", "alpaca", 2),
-             ("t.parquet", buf.getvalue(), "parquet", "text", 3)]
+    cases = [
+        ("pc.jsonl", pc, "jsonl", "prompt_completion", 2),
+        ("a.csv", alpaca_csv, "csv", "alpaca", 2),
+        ("t.parquet", buf.getvalue(), "parquet", "text", 3),
+    ]
     ids = [upload(api, name, content).json()["id"] for name, content, *_ in cases]
     for dataset_id, (_, _, file_type, fmt, rows) in zip(ids, cases, strict=True):
         d = wait_dataset(server, api, dataset_id)
@@ -69,7 +83,9 @@ def test_formats_detected_across_file_types(server, api):
 
 def test_format_override(server, api):
     # Detected as prompt/completion, but the user says it is plain text: then 'text' is missing.
-    d = wait_dataset(server, api, upload(api, "x.jsonl", b'{"prompt": "a", "completion": "b"}\n', format="text").json()["id"])
+    d = wait_dataset(
+        server, api, upload(api, "x.jsonl", b'{"prompt": "a", "completion": "b"}\n', format="text").json()["id"]
+    )
     assert d["status"] == "invalid" and d["errors"][0]["field"] == "text"
 
 
@@ -97,13 +113,19 @@ def test_cut_off_upload_leaves_no_row_and_no_file(server, api):
     before_count = api.get("/api/v1/datasets").json()["count"]
     before_files = _storage_files(server)
     boundary = "cutoffboundary"
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n"
-            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
     body_len = len(head) + 50_000_000
     host, port = server.base_url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
-    sock.sendall((f"POST /api/v1/datasets HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {server.admin_token}\r\n"
-                  f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {body_len}\r\n\r\n").encode())
+    sock.sendall(
+        (
+            f"POST /api/v1/datasets HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {server.admin_token}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {body_len}\r\n\r\n"
+        ).encode()
+    )
     sock.sendall(head)
     chunk = (chat_line(1) + "\n").encode() * 1000
     for _ in range(20):  # ~2 MB of a 50 MB body, then the client vanishes

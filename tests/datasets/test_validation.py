@@ -149,7 +149,7 @@ def test_csv_each_format(tmp_path, fmt):
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(list(cols) + ["extra"])
-        for row in zip(*cols.values()):
+        for row in zip(*cols.values(), strict=True):
             w.writerow(list(row) + ["ignored"])
     report = validate_file(path, "d.csv")
     assert (report.file_type, report.format) == ("csv", fmt)
@@ -210,9 +210,10 @@ def test_csv_missing_columns_is_one_error_on_line_1(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("prompt,answer\nhi,there\n", encoding="utf-8")
     report = validate_file(path, "d.csv", fmt="prompt_completion")
-    assert report.errors == [
-        {"line": 1, "field": None, "message": report.errors[0]["message"]}
-    ] and "completion" in report.errors[0]["message"]
+    assert (
+        report.errors == [{"line": 1, "field": None, "message": report.errors[0]["message"]}]
+        and "completion" in report.errors[0]["message"]
+    )
     assert report.error_count == 1 and not report.ok
 
 
@@ -617,7 +618,7 @@ def test_stats_and_histogram(tmp_path):
     assert 1 < len(h["counts"]) <= 30 and len(h["edges"]) == len(h["counts"]) + 1
     assert sum(h["counts"]) == report.valid_rows
     assert h["edges"][0] == st["tokens"]["min"] and h["edges"][-1] > st["tokens"]["max"]
-    widths = {b - a for a, b in zip(h["edges"], h["edges"][1:])}
+    widths = {b - a for a, b in zip(h["edges"], h["edges"][1:], strict=False)}
     assert len(widths) == 1  # equal width
 
 

@@ -19,17 +19,29 @@ LIVE_TIMEOUT = 60_000  # ms: validation runs in the worker; the page follows it 
 # ---------- data ----------
 
 TOPICS = [
-    "rotate an API key", "resize a volume", "read the billing report", "invite a teammate",
-    "restore a backup", "enable two-factor login", "move a project", "export audit logs",
-    "raise a quota", "pin a model version",
+    "rotate an API key",
+    "resize a volume",
+    "read the billing report",
+    "invite a teammate",
+    "restore a backup",
+    "enable two-factor login",
+    "move a project",
+    "export audit logs",
+    "raise a quota",
+    "pin a model version",
 ]
 
 
 def chat_record(i: int, *, system_last: bool = False) -> dict:
     topic = TOPICS[i % len(TOPICS)]
     question = f"Record {i}: how do I {topic}? " + "Please be specific about the steps. " * (i % 4)
-    answer = f"To {topic}, open Settings, pick the project, and follow step {i}. " + "Then confirm the change. " * (i % 7 + 1)
-    system = {"role": "system", "content": "You are a concise support agent for Acme Cloud." + " Stay polite." * (i % 3)}
+    answer = f"To {topic}, open Settings, pick the project, and follow step {i}. " + "Then confirm the change. " * (
+        i % 7 + 1
+    )
+    system = {
+        "role": "system",
+        "content": "You are a concise support agent for Acme Cloud." + " Stay polite." * (i % 3),
+    }
     user = {"role": "user", "content": question}
     assistant = {"role": "assistant", "content": answer}
     messages = [user, system, assistant] if system_last else [system, user, assistant]
@@ -56,8 +68,13 @@ def broken_chat_jsonl() -> bytes:
 
 
 def prompt_completion_jsonl(n: int = 12) -> bytes:
-    rows = [{"prompt": f"Translate to French ({i}): good morning number {i}", "completion": f"bonjour numéro {i}" + " !" * (i % 3)}
-            for i in range(1, n + 1)]
+    rows = [
+        {
+            "prompt": f"Translate to French ({i}): good morning number {i}",
+            "completion": f"bonjour numéro {i}" + " !" * (i % 3),
+        }
+        for i in range(1, n + 1)
+    ]
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
@@ -84,6 +101,7 @@ def no_uncaught_js_errors(request):
 
 # ---------- tests ----------
 
+
 def test_drag_and_drop_upload_reaches_ready_live(page: Page, server):
     page.goto("/datasets")
     expect(page.locator("#dropzone")).to_be_visible()
@@ -103,11 +121,14 @@ def test_drag_and_drop_upload_reaches_ready_live(page: Page, server):
     }""")
 
     content = chat_jsonl(20).decode()
-    dt = page.evaluate_handle("""(content) => {
+    dt = page.evaluate_handle(
+        """(content) => {
         const dt = new DataTransfer();
         dt.items.add(new File([content], 'support-chats.jsonl', {type: 'application/x-ndjson'}));
         return dt;
-    }""", content)
+    }""",
+        content,
+    )
     page.dispatch_event("#dropzone", "dragenter", {"dataTransfer": dt})
     page.dispatch_event("#dropzone", "dragover", {"dataTransfer": dt})
     expect(page.locator("#dropzone")).to_have_class(re.compile(r"\bover\b"))
@@ -130,10 +151,13 @@ def test_drag_and_drop_upload_reaches_ready_live(page: Page, server):
     expect(page.locator("#stat-valid")).to_have_text("20")
     expect(page.locator("#stat-errors")).to_have_text("0")
     expect(page.locator("#validation-progress")).to_be_hidden()
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const chart = window.Chart && Chart.getChart('length-histogram');
         return !!chart && chart.data.datasets[0].data.reduce((a, b) => a + b, 0) === 20;
-    }""", timeout=LIVE_TIMEOUT)
+    }""",
+        timeout=LIVE_TIMEOUT,
+    )
     bars = page.evaluate("Chart.getChart('length-histogram').data.datasets[0].data")
     assert sum(bars) == 20 and len(bars) >= 1
     # The preview shows conversations, escaped, as bubbles per role.
@@ -171,9 +195,16 @@ def test_invalid_dataset_lines_shown(page: Page, server):
 def test_file_picker_upload_and_live_list(page: Page, server):
     page.goto("/datasets")
     expect(page.locator("#live")).to_have_text("Live", timeout=10_000)
-    page.set_input_files("#file-input", files=[{
-        "name": "translations.jsonl", "mimeType": "application/x-ndjson", "buffer": prompt_completion_jsonl(),
-    }])
+    page.set_input_files(
+        "#file-input",
+        files=[
+            {
+                "name": "translations.jsonl",
+                "mimeType": "application/x-ndjson",
+                "buffer": prompt_completion_jsonl(),
+            }
+        ],
+    )
     page.wait_for_url(DATASET_PAGE, timeout=30_000)
     dataset_id = dataset_id_from(page.url)
     expect(page.locator("#dataset-status")).to_have_text("ready", timeout=LIVE_TIMEOUT)
