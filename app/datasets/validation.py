@@ -32,9 +32,11 @@ import functools
 import itertools
 import math
 import os
+import queue
+import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -975,3 +977,144 @@ def validate_file(
     )
     prog.final()
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the valid records back (the training worker's input)
+
+
+class _Stopped(Exception):
+    """The consumer of iter_conversations went away; the producer thread stops."""
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_ITER_DONE = object()
+_ITER_QUEUE = 256  # conversations buffered between the scanning thread and the consumer
+
+
+def _conversation(convo: tuple) -> list[dict]:
+    return [{"role": role, "content": content} for role, content in convo]
+
+
+def _iter_jsonl(path: str, fmt: str) -> Iterator[list[dict]]:
+    """The valid records of a JSONL file, with the same per-record checks as the validator's slow path."""
+    check = _CHECK[fmt]
+    with open(path, "rb", buffering=_CHUNK) as f:
+        first = True
+        for line in iter(functools.partial(f.readline, _MAX_LINE), b""):
+            if first and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            first = False
+            if len(line) >= _MAX_LINE and not line.endswith(b"\n"):  # too long: invalid, skipped whole
+                while True:
+                    piece = f.readline(_MAX_LINE)
+                    if not piece or piece.endswith(b"\n"):
+                        break
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # blank line or invalid JSON
+            if type(obj) is not dict:
+                continue
+            try:
+                _, convo = check(obj)
+            except _RecordError:
+                continue
+            yield _conversation(convo)
+
+
+def _iter_scanned(scan: Callable[[_Accumulator], None], fmt: str | None) -> Iterator[list[dict]]:
+    """Run a CSV/Parquet scanner in a thread with an accumulator that hands each valid record's
+    conversation over a bounded queue: the scanners' parsing is reused as is, memory stays flat."""
+    q: queue.Queue = queue.Queue(maxsize=_ITER_QUEUE)
+    stop = threading.Event()
+
+    def put(item) -> None:
+        while True:
+            if stop.is_set():
+                raise _Stopped
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    class _Sink(_Accumulator):
+        def add_valid(self, line: int, packed: int, convo: tuple, key: int | None) -> None:
+            put(_conversation(convo))
+
+        def add_invalid(self, line: int, field_name: str | None, message: str) -> None:
+            pass
+
+        def file_error(self, line: int, message: str) -> None:
+            pass
+
+    def run() -> None:
+        try:
+            scan(_Sink(fmt))
+            put(_ITER_DONE)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # handed to the consumer
+            try:
+                put(_Failed(exc))
+            except _Stopped:
+                pass
+
+    thread = threading.Thread(target=run, name="iter-conversations", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _ITER_DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def iter_conversations(
+    path: str | os.PathLike,
+    filename: str,
+    *,
+    file_type: str | None,
+    fmt: str | None,
+) -> Iterator[list[dict]]:
+    """Stream the normalised conversation of every VALID record of a dataset file, in file order.
+
+    Each item is ``[{"role", "content"}, ...]``, normalised exactly as :func:`validate_file` does:
+    chat messages as given (system/user/assistant, extra keys such as ``weight`` dropped);
+    prompt/completion -> user/assistant; alpaca -> user (instruction + "\\n\\n" + input, or the
+    instruction alone) / assistant; text -> ``[{"role": "text", "content": ...}]``. Invalid records
+    are skipped. ``file_type`` / ``fmt`` None means auto-detect (DatasetFormatError as in validate_file).
+    """
+    path = os.fspath(path)
+    if file_type is not None and file_type not in FILE_TYPES:
+        raise DatasetFormatError(
+            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
+        )
+    if fmt is not None and fmt not in FORMATS:
+        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if file_type is None:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+        file_type = detect_file_type(filename, head)
+    if file_type == "jsonl":
+        if fmt is None:
+            fmt = _detect_jsonl_format(path, filename)
+        if fmt is None:  # no records
+            return iter(())
+        return _iter_jsonl(path, fmt)
+    total = os.path.getsize(path)
+    progress = _Progress(None, total)
+    if file_type == "csv":
+        return _iter_scanned(lambda acc: _scan_csv(path, filename, acc, progress), fmt)
+    return _iter_scanned(lambda acc: _scan_parquet(path, filename, acc, progress, total), fmt)

@@ -772,3 +772,109 @@ def test_overlong_lines_are_reported_not_held(tmp_path):
     report = validate_file(csv_path, "long.csv")
     assert report.valid_rows == 1 and report.error_count == 1
     assert report.errors[0]["line"] == 3 and "longer than 16 MiB" in report.errors[0]["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# iter_conversations: the valid records, normalised, streamed (the training worker's input)
+
+
+def _want_messages(report) -> list:
+    """Normalised conversations of the valid records, from the validator's own preview."""
+    return [p["messages"] for p in report.preview if "messages" in p]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("file_type", FILE_TYPES)
+def test_iter_conversations_normalises_like_the_validator(tmp_path, fmt, file_type):
+    from app.datasets.validation import iter_conversations
+
+    n = 15  # below PREVIEW_ROWS, so the preview lists every record
+    recs = [record(fmt, i) for i in range(n)]
+    if file_type == "jsonl":
+        items: list = [json.dumps(r) for r in recs]
+        items[3] = "{not json"
+        items[5] = json.dumps({"nothing": "useful"})
+        items[7] = ""
+        path = write_jsonl(tmp_path / "d.jsonl", items)
+    elif file_type == "csv":
+        cols = _columns(fmt, n)
+        path = tmp_path / "d.csv"
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(list(cols))
+            for i, row in enumerate(zip(*cols.values(), strict=True)):
+                w.writerow([""] * len(row) if i == 4 else list(row))  # row 4: empty fields, invalid
+    else:
+        path = tmp_path / "d.parquet"
+        table = pa.table({"messages": [r["messages"] for r in recs]}) if fmt == "chat" else pa.table(_columns(fmt, n))
+        pq.write_table(table, path, row_group_size=4)
+    name = f"d.{file_type}"
+    report = validate_file(path, name)
+    assert report.format == fmt and report.valid_rows < report.rows or file_type == "parquet"
+    got = list(iter_conversations(path, name, file_type=None, fmt=None))
+    assert got == _want_messages(report)
+    assert len(got) == report.valid_rows
+    assert got == list(iter_conversations(path, name, file_type=file_type, fmt=fmt))
+
+
+def test_iter_conversations_values(tmp_path):
+    from app.datasets.validation import iter_conversations
+
+    path = write_jsonl(
+        tmp_path / "a.jsonl",
+        [
+            {"instruction": "Translate", "input": "bonjour", "output": "hello"},
+            {"instruction": "Say hi", "input": "  ", "output": "hi"},
+            {"instruction": "", "output": "dropped: empty instruction"},
+        ],
+    )
+    assert list(iter_conversations(path, "a.jsonl", file_type="jsonl", fmt="alpaca")) == [
+        [{"role": "user", "content": "Translate\n\nbonjour"}, {"role": "assistant", "content": "hello"}],
+        [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"}],
+    ]
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello world"}, {"text": 3}])
+    assert list(iter_conversations(path, "t.jsonl", file_type=None, fmt=None)) == [
+        [{"role": "text", "content": "hello world"}]
+    ]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U", "weight": 1},
+        {"role": "assistant", "content": "A", "weight": 0},
+    ]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + orjson.dumps({"messages": msgs}) + b"\r\n")
+    assert list(iter_conversations(path, "bom.jsonl", file_type=None, fmt=None)) == [
+        [{"role": m["role"], "content": m["content"]} for m in msgs]
+    ]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    assert list(iter_conversations(empty, "empty.jsonl", file_type=None, fmt=None)) == []
+    with pytest.raises(DatasetFormatError):
+        iter_conversations(path, "bom.jsonl", file_type="xml", fmt=None)
+
+
+def test_iter_conversations_streams_and_stops_early(tmp_path):
+    """A large CSV is handed over record by record; closing the iterator early stops the reader."""
+    import threading
+
+    from app.datasets.validation import iter_conversations
+
+    path = tmp_path / "big.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["prompt", "completion"])
+        for i in range(20000):
+            w.writerow([f"p{i}", f"c{i}"])
+    it = iter_conversations(path, "big.csv", file_type=None, fmt=None)
+    first = [next(it) for _ in range(3)]
+    assert first[2] == [{"role": "user", "content": "p2"}, {"role": "assistant", "content": "c2"}]
+    it.close()
+    assert not [t for t in threading.enumerate() if t.name == "iter-conversations"]
+    assert sum(1 for _ in iter_conversations(path, "big.csv", file_type="csv", fmt=None)) == 20000
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text\n" + "x" * 10 + "\n", encoding="utf-8")
+    assert list(iter_conversations(bad, "bad.csv", file_type="csv", fmt="chat")) == []  # no 'messages' column
+    bad.write_text("foo,bar\n1,2\n", encoding="utf-8")
+    with pytest.raises(DatasetFormatError, match="cannot tell the dataset format"):  # raised in the reader thread
+        list(iter_conversations(bad, "bad.csv", file_type="csv", fmt=None))

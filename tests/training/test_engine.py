@@ -1,0 +1,248 @@
+"""Real Tunix + Qwix LoRA training of the tiny model on CPU: learning, metrics, phases, checkpoints,
+resume, stop, a 4-device mesh."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.training import engine
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_KEYS = {"loss", "perplexity", "grad_norm", "learning_rate", "step_time_s", "tokens_per_s"}
+
+
+def ckpt_dirs(spec) -> list[int]:
+    root = Path(spec.output_dir) / "checkpoints"
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+
+
+def test_learns_and_reports_every_step(Recorder, make_spec):
+    spec = make_spec(
+        max_steps=60,
+        lr_schedule="cosine",
+        warmup_steps=5,
+        learning_rate=1e-2,
+        eval_every_steps=20,
+        checkpoint_every_steps=20,
+        checkpoints_kept=2,
+    )
+    rep = Recorder()
+    result = engine.train(spec, rep)
+
+    assert result.final_step == 60 and not result.stopped_early and result.resumed_from_step is None
+    assert rep.train_steps == list(range(1, 61))  # every step, once, in order
+    for step, values in rep.train_metrics.items():
+        assert set(values) == TRAIN_KEYS, step
+        assert all(math.isfinite(v) for v in values.values())
+        assert values["step_time_s"] > 0 and values["tokens_per_s"] > 0
+        assert values["perplexity"] == pytest.approx(math.exp(values["loss"]))
+    losses = [rep.train_metrics[s]["loss"] for s in range(1, 61)]
+    assert np.mean(losses[-5:]) < 0.7 * losses[0], losses
+    lrs = [rep.train_metrics[s]["learning_rate"] for s in range(1, 61)]
+    assert lrs[0] == pytest.approx(1e-2 / 5) and max(lrs) == pytest.approx(1e-2) and 0 < lrs[-1] < 1e-3
+
+    evals = rep.eval_losses
+    assert sorted(evals) == [0, 20, 40, 60] and evals[60] < 0.75 * evals[0]
+    assert rep.checkpoints == [20, 40, 60]
+    assert ckpt_dirs(spec) == [40, 60]  # checkpoints_kept=2
+    for step in (40, 60):
+        assert {p.name for p in (Path(spec.output_dir) / "checkpoints" / str(step)).iterdir()} >= {
+            "model_params",
+            "optimizer_state",
+        }
+
+    phases = rep.phases
+    first = {p: phases.index(p) for p in set(phases)}
+    assert first["loading"] < first["compiling"] < first["evaluating"] < first["training"] < first["checkpointing"]
+    # metrics for step k come before the checkpoint and the eval at k
+    order = [(e[0], e[1]) for e in rep.events if e[0] in ("metrics", "checkpoint")]
+    assert order.index(("metrics", 20)) < order.index(("checkpoint", 20))
+    assert result.metrics["loss"] == losses[-1] and result.metrics["eval_loss"] == evals[60]
+    assert result.metrics["trainable_params"] > 0 and result.metrics["tokens"] > 0
+    assert any("applied LoRA" in line for line in rep.logs)
+
+
+def test_resume_continues_exactly(Recorder, make_spec, tmp_path, capitals_file):
+    """Train to 10 (checkpoints at 5 and 10), then call again with max_steps 20: it resumes at 10 and
+    reports 11..20, with the same losses as an uninterrupted 20-step run. (Separate validation file.)"""
+    spec = make_spec(
+        max_steps=10,
+        checkpoint_every_steps=5,
+        eval_every_steps=5,
+        output_dir=str(tmp_path / "a"),
+        validation_path=str(capitals_file),
+        validation_filename="val.jsonl",
+    )
+    first = Recorder()
+    r1 = engine.train(spec, first)
+    assert (r1.final_step, r1.resumed_from_step) == (10, None)
+    assert first.train_steps == list(range(1, 11)) and first.checkpoints == [5, 10]
+
+    second = Recorder()
+    r2 = engine.train(make_spec(**{**spec.__dict__, "max_steps": 20}), second)
+    assert (r2.final_step, r2.resumed_from_step, r2.stopped_early) == (20, 10, False)
+    assert second.train_steps == list(range(11, 21))  # none twice, none skipped
+    assert second.checkpoints == [15, 20]
+    assert sorted(first.eval_losses) == [0, 5, 10] and sorted(second.eval_losses) == [15, 20]  # no re-eval at 10
+    assert any("validation file: {'records': 40" in line for line in first.logs)
+    assert any("resumed from the checkpoint at step 10" in line for line in second.logs)
+
+    straight = Recorder()
+    engine.train(make_spec(**{**spec.__dict__, "max_steps": 20, "output_dir": str(tmp_path / "b")}), straight)
+    a = [first.train_metrics[s]["loss"] for s in range(1, 11)] + [
+        second.train_metrics[s]["loss"] for s in range(11, 21)
+    ]
+    b = [straight.train_metrics[s]["loss"] for s in range(1, 21)]
+    np.testing.assert_allclose(a, b, rtol=1e-4)
+
+    # called again when already done: nothing to train
+    third = Recorder()
+    r3 = engine.train(make_spec(**{**spec.__dict__, "max_steps": 20}), third)
+    assert (r3.final_step, r3.resumed_from_step) == (20, 20) and third.train_steps == []
+
+
+def test_should_stop_checkpoints_and_returns(Recorder, make_spec, tmp_path):
+    """A reporter that answers True after step 3 stops the run there, with a checkpoint at 3.
+    Also: gradient accumulation, block remat, padding (no packing), LoRA dropout, no validation."""
+    spec = make_spec(
+        max_steps=50,
+        checkpoint_every_steps=100,
+        grad_accum_steps=2,
+        batch_size=4,
+        remat="block",
+        packing=False,
+        validation_fraction=0.0,
+        lora_dropout=0.05,
+    )
+    rep = Recorder(stop_after=3)
+    result = engine.train(spec, rep)
+    assert result.stopped_early and result.final_step == 3 and result.resumed_from_step is None
+    assert rep.train_steps == [1, 2, 3]
+    assert rep.checkpoints == [3] and ckpt_dirs(spec) == [3]
+    assert rep.eval_losses == {} and "evaluating" not in rep.phases
+    assert rep.polls == 4  # before steps 1, 2, 3 and 4
+    assert all(math.isfinite(v["loss"]) for v in rep.train_metrics.values())
+    assert any("stop requested" in line for line in rep.logs)
+
+    # and it resumes from there
+    rep2 = Recorder()
+    result = engine.train(make_spec(**{**spec.__dict__, "max_steps": 5}), rep2)
+    assert result.resumed_from_step == 3 and rep2.train_steps == [4, 5]
+
+
+def test_four_device_mesh(make_spec, tmp_path, jax_cache_dir):
+    """fsdp=2 x tp=2 over 4 fake CPU devices, in a fresh process (XLA_FLAGS must precede JAX)."""
+    spec = make_spec(max_steps=4, output_dir=str(tmp_path / "mesh"), mesh_fsdp=2, mesh_tp=2)
+    script = f"""
+import json
+from worker.training import engine
+import jax
+assert jax.device_count() == 4, jax.devices()
+class R:
+    steps = {{}}
+    def phase(self, n): pass
+    def metrics(self, s, v):
+        if "loss" in v: self.steps[s] = v["loss"]
+    def checkpoint(self, s, p): pass
+    def log(self, l): pass
+    def should_stop(self): return False
+r = R()
+res = engine.train(engine.TrainSpec(**json.loads({json.dumps(json.dumps(spec.__dict__))})), r)
+print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps}}))
+"""
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "PYTHONPATH": str(ROOT),
+        "TUNEDECK_JAX_CACHE_DIR": str(jax_cache_dir),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    losses = [out["losses"][str(s)] for s in range(1, 5)]
+    assert out["final"] == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_apply_lora(make_spec, tiny_model):
+    """LoRA params on every target (bf16 base -> float32 LoRA), remat set on every module after."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from worker.training import models
+
+    config = models.resolve_config(tiny_model, "tiny-gemma4")
+    base = models.load_base_model(tiny_model, config, dtype="bfloat16")
+    model, n = engine.apply_lora(base, make_spec(dtype="bfloat16", lora_rank=4), models.RematConfig.BLOCK)
+    state = nnx.state(model, nnx.LoRAParam)
+    names = {"/".join(str(k.key) for k in path[:-1]) for path, _ in jax.tree_util.tree_leaves_with_path(state)}
+    assert names == {
+        f"layers/{i}/{m}_lora_{ab}"
+        for i, attn in ((0, "attn/kv_einsum/w"), (1, "attn/k_einsum/w"))
+        for m in (
+            attn,
+            "attn/q_einsum/w",
+            "attn/attn_vec_einsum/w",
+            "mlp/gate_proj/kernel",
+            "mlp/up_proj/kernel",
+            "mlp/down_proj/kernel",
+        )
+        for ab in "ab"
+    }
+    leaves = jax.tree.leaves(state)
+    assert n == sum(x.size for x in leaves) == 13056  # rank 4 (26,112 at rank 8)
+    assert all(x.dtype == jnp.float32 for x in leaves)
+    assert model.layers[0].attn.q_einsum.w.value.dtype == jnp.bfloat16  # the base stays bf16
+    configs = [m.config for _, m in model.iter_modules() if isinstance(getattr(m, "config", None), models.ModelConfig)]
+    assert len(configs) > 5 and all(c.remat_config == models.RematConfig.BLOCK for c in configs)
+    tokens = jnp.ones((2, 8), jnp.int32)
+    mask = jnp.tril(jnp.ones((8, 8), bool))[None].repeat(2, axis=0)
+    logits, _ = nnx.jit(lambda m, x: m(x, None, None, mask))(model, tokens)
+    assert logits.shape == (2, 8, config.num_embed) and bool(jnp.isfinite(logits).all())
+
+
+def test_bad_specs_are_refused(Recorder, make_spec):
+    with pytest.raises(NotImplementedError, match="QLoRA"):
+        engine.train(make_spec(quantization="nf4"), Recorder())
+    with pytest.raises(ValueError, match="mesh_tp=3"):
+        engine.train(make_spec(mesh_tp=3), Recorder())
+    with pytest.raises(ValueError, match="unknown target"):
+        engine.train(make_spec(target_modules=("lm_head",)), Recorder())
+    with pytest.raises(ValueError, match="lr_schedule"):
+        engine.train(make_spec(lr_schedule="step"), Recorder())
+
+
+def test_lr_schedules():
+    kw = {"peak": 1.0, "warmup": 4, "total": 20}
+    const = [engine.lr_at(c, kind="constant", **kw) for c in range(20)]
+    assert const[:4] == [0.25, 0.5, 0.75, 1.0] and const[4:] == [1.0] * 16
+    for kind in ("linear", "cosine"):
+        lrs = [float(engine.lr_at(c, kind=kind, **kw)) for c in range(20)]
+        assert lrs[3] == 1.0 and all(a >= b for a, b in zip(lrs[3:], lrs[4:], strict=False)) and 0 < lrs[-1] < 0.1
+    assert engine.lr_at(0, kind="cosine", peak=2.0, warmup=0, total=10) == pytest.approx(
+        2.0 * 0.5 * (1 + math.cos(math.pi / 11))
+    )
+
+
+def test_demo_dataset_validates_ready(tmp_path):
+    from app.datasets import demo
+    from app.datasets.validation import iter_conversations, validate_file
+
+    path = tmp_path / demo.DEMO_FILENAME
+    path.write_bytes(demo.demo_dataset_jsonl())
+    report = validate_file(path, demo.DEMO_FILENAME)
+    assert report.ok and (report.file_type, report.format) == ("jsonl", "chat")
+    assert 300 <= report.valid_rows == report.rows <= 400 and report.duplicate_count == 0
+    convos = list(iter_conversations(path, demo.DEMO_FILENAME, file_type="jsonl", fmt="chat"))
+    assert convos[0][-1]["content"].startswith("The capital of ")
+    assert demo.demo_dataset_jsonl() == path.read_bytes()  # deterministic

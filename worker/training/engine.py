@@ -1,0 +1,603 @@
+"""The trainer: one LoRA (or QLoRA) fine-tune of a Gemma 4 checkpoint with Tunix + Qwix.
+
+``train(spec, reporter)`` loads the HF base checkpoint through Tunix's safetensors loader, applies
+Qwix LoRA to the target projections, trains with Tunix's ``PeftTrainer`` and writes Orbax
+checkpoints (LoRA params + optimizer state) under ``<output_dir>/checkpoints/<step>``. Calling it
+again on the same ``output_dir`` resumes from the latest checkpoint.
+
+How it talks to Tunix (0.1.7), and why:
+
+- Per-step metrics come from a small ``PeftTrainer`` subclass whose train step also returns the
+  loss and gradient norm as its aux output (``create_train_step_fn`` / ``_post_process_train_step``,
+  Tunix's documented override points). Tunix's own metric stream (``MetricsLogger``,
+  ``TrainingHooks.on_train_step_end``) reports step k only after step k+1 has been dispatched; this
+  engine reports step k as soon as it is done, before ``should_stop`` is polled for step k+1, so a
+  cancel after step k leaves a checkpoint at exactly k.
+- "Step k is done" is observed where the trainer calls ``checkpoint_manager.save(k)`` (it does so
+  after every optimizer step and lets the save policy decide): the engine wraps Tunix's checkpoint
+  manager, waits for step k's loss there, reports metrics, and reports checkpoints it actually saved.
+- Checkpoints land at exactly the configured steps: Orbax's default policy (what Tunix uses when no
+  options are given) saves at most every 180 s, and ``CheckpointManagerOptions(save_interval_steps=N)``
+  alone still adds Orbax's ``InitialSavePolicy`` (a save at the first step of a fresh run). So the
+  options carry an explicit ``save_decision_policy`` (every N steps, plus preemption), synchronous
+  saves (a reported checkpoint is on disk), and ``max_to_keep``. Tunix saves the last step on close.
+- Eval loss comes from ``TrainingHooks.on_eval_step_end`` (it gets the SUM of the batch losses; the
+  engine divides by the batches counted in ``on_eval_step_start``, which is Tunix's own eval metric).
+- Stop/cancel: the training iterator polls ``reporter.should_stop()`` between optimizer steps and
+  ends when told to; Tunix then closes normally, which saves the last step's checkpoint.
+- Resume: Tunix restores the latest checkpoint when the trainer is built and skips the batches
+  already trained (it pulls them from the iterator and drops them; the engine hands it cheap
+  placeholders for those). The data order is a pure function of the seed, so the same batches follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import qwix
+from flax import nnx
+from tunix.sft import hooks as tunix_hooks
+from tunix.sft import peft_trainer
+from tunix.utils import mesh as mesh_lib
+
+from worker.training import data, models
+
+PHASES = ("loading", "compiling", "training", "evaluating", "checkpointing")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+REMAT = {"none": models.RematConfig.NONE, "block": models.RematConfig.BLOCK, "decoder": models.RematConfig.DECODER}
+DTYPES = ("float32", "bfloat16")
+QUANTIZATION = ("nf4", "int8")  # accepted names; refused for now, see validate_spec
+GRAD_CLIP_NORM = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """Everything a run needs, already validated by the app."""
+
+    base_model_dir: str
+    preset: str | None
+    dataset_path: str
+    dataset_filename: str
+    file_type: str
+    fmt: str
+    validation_path: str | None
+    validation_filename: str | None
+    validation_fraction: float
+    output_dir: str
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: tuple[str, ...]
+    learning_rate: float
+    lr_schedule: str
+    warmup_steps: int
+    epochs: int | None
+    max_steps: int | None
+    batch_size: int  # rows per micro-batch (global, over all devices)
+    grad_accum_steps: int  # micro-batches per optimizer step
+    max_seq_len: int
+    packing: bool
+    assistant_only_loss: bool
+    seed: int
+    eval_every_steps: int
+    checkpoint_every_steps: int
+    checkpoints_kept: int
+    mesh_fsdp: int
+    mesh_tp: int
+    remat: str
+    dtype: str
+    quantization: str | None
+
+
+class Reporter(Protocol):
+    """How the engine talks to the outside (the DB, in the worker)."""
+
+    def phase(self, name: str) -> None: ...
+
+    def metrics(self, step: int, values: dict[str, float]) -> None: ...
+
+    def checkpoint(self, step: int, path: str) -> None: ...
+
+    def log(self, line: str) -> None: ...
+
+    def should_stop(self) -> bool: ...
+
+
+@dataclasses.dataclass
+class TrainResult:
+    final_step: int
+    stopped_early: bool
+    resumed_from_step: int | None
+    metrics: dict
+
+
+# -- setup helpers -----------------------------------------------------------------------------
+
+
+def configure_compilation_cache() -> str:
+    """Point JAX's persistent compilation cache at ``$TUNEDECK_JAX_CACHE_DIR`` (default
+    ``~/.cache/tunedeck/jax``), caching every compiled program (also the small eager ones that
+    LoRA application and the first forward pass compile, a few seconds per run otherwise)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    path = os.environ.get("TUNEDECK_JAX_CACHE_DIR") or os.path.expanduser("~/.cache/tunedeck/jax")
+    os.makedirs(path, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir != path:
+        jax.config.update("jax_compilation_cache_dir", path)
+        compilation_cache.reset_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return path
+
+
+def validate_spec(spec: TrainSpec) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(message)
+
+    need(spec.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}, got {spec.lr_schedule!r}")
+    need(spec.remat in REMAT, f"remat must be one of {tuple(REMAT)}, got {spec.remat!r}")
+    need(spec.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {spec.dtype!r}")
+    need(
+        spec.quantization in (None, *QUANTIZATION),
+        f"quantization must be None, 'nf4' or 'int8', got {spec.quantization!r}",
+    )
+    need(spec.lora_rank >= 1 and spec.lora_alpha > 0, "lora_rank must be >= 1 and lora_alpha > 0")
+    need(0 <= spec.lora_dropout < 1, "lora_dropout must be in [0, 1)")
+    need(spec.learning_rate > 0 and spec.warmup_steps >= 0, "learning_rate must be > 0 and warmup_steps >= 0")
+    need(spec.batch_size >= 1 and spec.grad_accum_steps >= 1, "batch_size and grad_accum_steps must be >= 1")
+    need(spec.max_seq_len >= 8, "max_seq_len must be >= 8")
+    need(spec.epochs is None or spec.epochs >= 1, "epochs must be >= 1")
+    need(spec.max_steps is None or spec.max_steps >= 1, "max_steps must be >= 1")
+    need(spec.eval_every_steps >= 1 and spec.checkpoint_every_steps >= 1, "eval/checkpoint intervals must be >= 1")
+    need(spec.checkpoints_kept >= 1, "checkpoints_kept must be >= 1")
+    need(spec.mesh_fsdp >= 1 and spec.mesh_tp >= 1, "mesh_fsdp and mesh_tp must be >= 1")
+    need(0 <= spec.validation_fraction < 1, "validation_fraction must be in [0, 1)")
+    models.lora_module_path(spec.target_modules)  # raises on unknown names
+    if spec.quantization is not None:
+        raise NotImplementedError(
+            f"QLoRA ({spec.quantization}) is not available with Tunix 0.1.7's Gemma 4: its Einsum layers cast the "
+            "weight (jnp.astype) before the einsum, which Qwix's quantized weights (ptq.WithAux) do not support, so "
+            "the first forward pass fails. Train with quantization=None (LoRA on a bfloat16 base) instead."
+        )
+
+
+def make_mesh(fsdp: int, tp: int) -> jax.sharding.Mesh:
+    """An (fsdp, tp) mesh over the first fsdp*tp devices, with Auto axis types (Tunix's Gemma 4
+    embedding lookup fails under jax.make_mesh's default Explicit axes)."""
+    n = fsdp * tp
+    devices = jax.devices()
+    if n > len(devices):
+        raise ValueError(f"mesh fsdp={fsdp} x tp={tp} needs {n} devices; this host has {len(devices)}")
+    return mesh_lib.create_mesh((fsdp, tp), ("fsdp", "tp"), devices=devices[:n])
+
+
+def check_mesh(config: models.ModelConfig, fsdp: int, tp: int) -> None:
+    """Every sharded weight axis must divide evenly (JAX places no uneven shards)."""
+    counts = {
+        "attention heads": config.num_heads,
+        "KV heads": config.num_kv_heads,
+        "global KV heads": config.num_global_kv_heads or config.num_kv_heads,
+        "vocabulary": config.num_embed,
+        "MLP width": config.hidden_dim,
+    }
+    bad = [f"{k} ({v})" for k, v in counts.items() if v % tp]
+    if bad:
+        raise ValueError(f"mesh_tp={tp} must divide the model's {', '.join(bad)}")
+    if config.embed_dim % fsdp:
+        raise ValueError(f"mesh_fsdp={fsdp} must divide the model width ({config.embed_dim})")
+
+
+def lr_at(count, *, kind: str, peak: float, warmup: int, total: int, xp=np):
+    """Learning rate of the optimizer update number ``count`` (0-based; optax's schedule argument).
+
+    Linear warmup reaching ``peak`` at update ``warmup`` (never 0), then constant, linear or cosine
+    decay that ends one step short of 0 at update ``total``."""
+    step = count + 1
+    warm = xp.minimum(1.0, step / warmup) if warmup > 0 else 1.0
+    if kind == "constant":
+        return peak * warm
+    progress = xp.clip((step - warmup) / max(1, total - warmup + 1), 0.0, 1.0)
+    if kind == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + xp.cos(math.pi * progress))
+    return peak * warm * decay
+
+
+def make_optimizer(spec: TrainSpec, total_steps: int) -> optax.GradientTransformation:
+    def schedule(count):
+        return lr_at(
+            count, kind=spec.lr_schedule, peak=spec.learning_rate, warmup=spec.warmup_steps, total=total_steps, xp=jnp
+        )
+
+    return optax.chain(
+        optax.clip_by_global_norm(GRAD_CLIP_NORM),
+        optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=0.0),
+    )
+
+
+def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
+    """Qwix LoRA on the target projections, applied with remat off (Qwix creates no LoRA params
+    under remat), then remat set on every module's config. Returns (model, trainable params)."""
+    kwargs = {"dropout": spec.lora_dropout} if spec.lora_dropout > 0 else {}
+    provider = qwix.LoraProvider(
+        module_path=models.lora_module_path(spec.target_modules), rank=spec.lora_rank, alpha=spec.lora_alpha, **kwargs
+    )
+    lora_model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(spec.seed), **model.get_model_input())
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(lora_model, nnx.LoRAParam)))
+    if n_params == 0:
+        raise RuntimeError(f"Qwix created no LoRA parameters for target modules {spec.target_modules}")
+    if spec.dtype != "float32":  # LoRA params inherit the base dtype; keep float32 master weights
+        state = nnx.state(lora_model, nnx.LoRAParam)
+        nnx.update(lora_model, jax.tree.map(lambda x: x.astype(jnp.float32), state))
+    if spec.lora_dropout > 0:  # Qwix unsets its rngs after init; dropout needs a stream
+        lora_model.set_attributes(qwix_rngs=nnx.Rngs(dropout=spec.seed + 1))
+    for _, module in lora_model.iter_modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, models.ModelConfig):
+            config.remat_config = remat
+    return lora_model, n_params
+
+
+# -- the trainer and its hooks -----------------------------------------------------------------
+
+
+class _Trainer(peft_trainer.PeftTrainer):
+    """PeftTrainer whose train step also hands back the loss and the gradient norm as aux."""
+
+    step_outputs: list
+
+    def create_train_step_fn(self):
+        base = super().create_train_step_fn()
+
+        def train_step(model, optimizer, inputs):
+            loss, _, grad_norm = base(model, optimizer, inputs)
+            return loss, {"loss": loss, "grad_norm": grad_norm}, grad_norm
+
+        return train_step
+
+    def _post_process_train_step(self, aux) -> None:
+        self.step_outputs.append(aux)
+
+
+class _Checkpoints:
+    """Wraps Tunix's CheckpointManager: its ``save(step)``, called after every optimizer step, is
+    where the run learns that a step ended."""
+
+    def __init__(self, inner, run: _Run) -> None:
+        self._inner = inner
+        self._run = run
+
+    def latest_step(self):
+        return self._inner.latest_step()
+
+    def maybe_restore(self, *args, **kwargs):
+        return self._inner.maybe_restore(*args, **kwargs)
+
+    def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
+        self._run.step_ended(step)
+        if step <= 0:
+            return False
+        orbax_manager = self._inner._checkpoint_manager
+        if orbax_manager is None or not (force or orbax_manager.should_save(step)):
+            return False
+        self._run.reporter.phase("checkpointing")
+        t = time.perf_counter()
+        saved = self._inner.save(
+            step,
+            model,
+            optimizer,
+            save_only_lora_params=save_only_lora_params,
+            force=force,
+            custom_metadata=custom_metadata,
+        )
+        if saved:
+            orbax_manager.wait_until_finished()
+            path = str(Path(self._run.checkpoint_dir) / str(step))
+            self._run.reporter.log(f"checkpoint at step {step}: {path} ({time.perf_counter() - t:.2f} s)")
+            self._run.reporter.checkpoint(step, path)
+        if not force:  # force: the final save, when Tunix closes
+            self._run.back_to_training()
+        return saved
+
+    def close(self):
+        self._inner.close()
+
+
+class _Hooks(tunix_hooks.TrainingHooks):
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.eval_batches = 0
+
+    def on_train_start(self, train_ctx):
+        pass
+
+    def on_train_end(self, train_ctx):
+        pass
+
+    def on_train_step_start(self, train_ctx):
+        pass
+
+    def on_train_step_end(self, train_ctx, train_step, train_loss):
+        pass  # one step late in Tunix; metrics are reported by _Checkpoints.save instead
+
+    def on_eval_step_start(self, train_ctx):
+        if self.eval_batches == 0:
+            self.run.reporter.phase("evaluating")
+            self.run.eval_started = time.perf_counter()
+        self.eval_batches += 1
+
+    def on_eval_step_end(self, train_ctx, eval_loss):
+        loss = float(jax.device_get(eval_loss)) / max(1, self.eval_batches)
+        step = train_ctx.train_steps
+        self.eval_batches = 0
+        self.run.last_eval_loss = loss
+        self.run.reporter.metrics(step, {"eval_loss": loss})
+        self.run.reporter.log(
+            f"eval at step {step}: loss {loss:.4f} ({time.perf_counter() - self.run.eval_started:.2f} s)"
+        )
+        self.run.back_to_training()
+
+
+class _EvalSet:
+    """The validation batches; empty on its first pass when resuming (Tunix evaluates before the
+    first step, which a resumed run already reported)."""
+
+    def __init__(self, batches: list, skip_first_pass: bool) -> None:
+        self.batches = batches
+        self.skip = skip_first_pass
+
+    def __bool__(self) -> bool:
+        return bool(self.batches)
+
+    def __iter__(self):
+        if self.skip:
+            self.skip = False
+            return iter(())
+        return iter(self.batches)
+
+
+class _Run:
+    """State shared by the training iterator and the hooks."""
+
+    def __init__(self, spec: TrainSpec, reporter: Reporter, total_steps: int, pad_id: int) -> None:
+        self.spec = spec
+        self.reporter = reporter
+        self.total_steps = total_steps
+        self.pad_id = pad_id
+        self.checkpoint_dir = str(Path(spec.output_dir) / "checkpoints")
+        self.trainer: _Trainer | None = None
+        self.step_tokens = 0
+        self.step_started: float | None = None
+        self.last_reported = 0
+        self.first_step = None
+        self.stopped_early = False
+        self.last_loss = None
+        self.last_eval_loss = None
+        self.eval_started = 0.0
+        self.tokens_total = 0
+        self.train_time = 0.0
+
+    def back_to_training(self) -> None:
+        self.reporter.phase("training" if self.last_reported > (self.first_step or 0) else "compiling")
+
+    def batches(self, train: data.Batches, start_micro: int) -> Iterator:
+        """Exactly total_steps * grad_accum micro-batches; the first ``start_micro`` (already trained,
+        dropped by Tunix) are placeholders. Stops early when the reporter says so."""
+        accum = self.spec.grad_accum_steps
+        placeholder = train.make_batch([])
+        n = self.total_steps * accum
+        micro = 0
+        epoch = 0
+        while micro < n:
+            rows = train.rows(epoch)
+            for b in range(0, len(rows), train.batch_size):
+                if micro >= n:
+                    return
+                if micro < start_micro:
+                    micro += 1
+                    yield placeholder
+                    continue
+                if micro % accum == 0:
+                    if self.reporter.should_stop():
+                        self.stopped_early = True
+                        self.reporter.log(f"stop requested: stopping after step {micro // accum}")
+                        return
+                    self.step_tokens = 0
+                    self.step_started = time.perf_counter()
+                batch = train.make_batch(rows[b : b + train.batch_size])
+                self.step_tokens += data.count_tokens(batch, self.pad_id)[0]
+                micro += 1
+                yield batch
+            epoch += 1
+
+    def step_ended(self, step: int) -> None:
+        """Report step ``step`` once: wait for its loss, time it, emit its metrics."""
+        trainer = self.trainer
+        outputs, trainer.step_outputs = trainer.step_outputs, []
+        if step <= self.last_reported or not outputs:
+            return
+        losses = [float(x) for x in jax.device_get([o["loss"] for o in outputs])]
+        norms = [float(x) for x in jax.device_get([o["grad_norm"] for o in outputs])]
+        elapsed = time.perf_counter() - (self.step_started or time.perf_counter())
+        loss = float(np.mean(losses))
+        values = {
+            "loss": loss,
+            "perplexity": float(math.exp(min(loss, 80.0))),
+            "grad_norm": float(np.mean(norms)),
+            "learning_rate": float(
+                lr_at(
+                    step - 1,
+                    kind=self.spec.lr_schedule,
+                    peak=self.spec.learning_rate,
+                    warmup=self.spec.warmup_steps,
+                    total=self.total_steps,
+                )
+            ),
+            "step_time_s": elapsed,
+            "tokens_per_s": self.step_tokens / elapsed if elapsed > 0 else 0.0,
+        }
+        first = self.last_reported == (self.first_step or 0)
+        self.last_reported = step
+        self.last_loss = loss
+        self.tokens_total += self.step_tokens
+        self.train_time += elapsed
+        self.reporter.metrics(step, values)
+        if first:
+            self.reporter.log(f"first step (includes compiling the train step): {elapsed:.2f} s")
+            self.reporter.phase("training")
+
+
+# -- the entry point ---------------------------------------------------------------------------
+
+
+def _load_data(spec: TrainSpec, tok: data.ChatTokenizer, reporter: Reporter):
+    train_ds = data.tokenize_file(
+        tok,
+        spec.dataset_path,
+        spec.dataset_filename,
+        file_type=spec.file_type,
+        fmt=spec.fmt,
+        max_seq_len=spec.max_seq_len,
+        assistant_only_loss=spec.assistant_only_loss,
+    )
+    reporter.log(f"training file: {train_ds.stats}")
+    if spec.validation_path:
+        val_ds = data.tokenize_file(
+            tok,
+            spec.validation_path,
+            spec.validation_filename or os.path.basename(spec.validation_path),
+            file_type=None,
+            fmt=None,
+            max_seq_len=spec.max_seq_len,
+            assistant_only_loss=spec.assistant_only_loss,
+        )
+        reporter.log(f"validation file: {val_ds.stats}")
+    else:
+        train_ds, val_ds = data.split_validation(train_ds, spec.validation_fraction, spec.seed)
+    if len(train_ds) == 0:
+        raise ValueError("the training data has no usable examples (all records invalid or without a target)")
+    return train_ds, val_ds
+
+
+def _total_steps(spec: TrainSpec, train: data.Batches) -> int:
+    accum = spec.grad_accum_steps
+    if spec.epochs is None and spec.max_steps is not None:
+        return spec.max_steps
+    micro = sum(train.batches_in_epoch(e) for e in range(spec.epochs or 1))
+    steps = math.ceil(micro / accum)
+    return min(steps, spec.max_steps) if spec.max_steps is not None else steps
+
+
+def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
+    """Run (or resume) one training; see the module docstring. Raises on bad input or failure."""
+    t_start = time.perf_counter()
+    validate_spec(spec)
+    reporter.phase("loading")
+    cache_dir = configure_compilation_cache()
+    config = models.resolve_config(spec.base_model_dir, spec.preset)
+    check_mesh(config, spec.mesh_fsdp, spec.mesh_tp)
+    tok = data.ChatTokenizer(spec.base_model_dir)
+    if tok.vocab_size > config.num_embed:
+        raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.num_embed}")
+
+    t = time.perf_counter()
+    train_ds, val_ds = _load_data(spec, tok, reporter)
+    train_batches = data.Batches(train_ds, spec.batch_size, spec.max_seq_len, spec.packing, tok.pad_id, spec.seed)
+    eval_batches = []
+    if len(val_ds):
+        eval_batches = list(
+            data.Batches(val_ds, spec.batch_size, spec.max_seq_len, spec.packing, tok.pad_id, shuffle=False).epoch(0)
+        )
+    total_steps = _total_steps(spec, train_batches)
+    reporter.log(
+        f"data: {len(train_ds)} train / {len(val_ds)} validation examples, "
+        f"{train_batches.batches_in_epoch(0)} batches of {spec.batch_size}x{spec.max_seq_len} per epoch "
+        f"({'packed' if spec.packing else 'padded'}), {total_steps} steps ({time.perf_counter() - t:.2f} s)"
+    )
+
+    mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp)
+    run = _Run(spec, reporter, total_steps, tok.pad_id)
+    with mesh:
+        t = time.perf_counter()
+        model = models.load_base_model(spec.base_model_dir, config, mesh=mesh, dtype=spec.dtype)
+        reporter.log(f"loaded base model ({config.num_layers} layers, {spec.dtype}) in {time.perf_counter() - t:.2f} s")
+        t = time.perf_counter()
+        model, n_lora = apply_lora(model, spec, REMAT[spec.remat])
+        reporter.log(
+            f"applied LoRA r={spec.lora_rank} alpha={spec.lora_alpha} to {', '.join(spec.target_modules)}"
+            ": "
+            f"{n_lora:,} trainable params in {time.perf_counter() - t:.2f} s"
+        )
+
+        policy = ocp.checkpoint_managers.AnySavePolicy(
+            [
+                ocp.checkpoint_managers.FixedIntervalPolicy(spec.checkpoint_every_steps),
+                ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+            ]
+        )
+        training_config = peft_trainer.TrainingConfig(
+            eval_every_n_steps=spec.eval_every_steps,
+            max_steps=total_steps,
+            gradient_accumulation_steps=spec.grad_accum_steps if spec.grad_accum_steps > 1 else None,
+            checkpoint_root_directory=run.checkpoint_dir,
+            checkpointing_options=ocp.CheckpointManagerOptions(
+                save_decision_policy=policy,
+                max_to_keep=spec.checkpoints_kept,
+                enable_async_checkpointing=False,
+            ),
+            data_sharding_axis=("fsdp",),
+            pbar_description=None,
+        )
+        trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
+        trainer.step_outputs = []
+        run.trainer = trainer
+        resumed = trainer.train_steps or None
+        run.first_step = run.last_reported = trainer.train_steps
+        if resumed:
+            reporter.log(f"resumed from the checkpoint at step {resumed}")
+        trainer.checkpoint_manager = _Checkpoints(trainer.checkpoint_manager, run)
+        trainer.with_training_hooks(_Hooks(run))
+        trainer.with_gen_model_input_fn(data.model_inputs_fn(tok.pad_id, tok.bos_id))
+
+        eval_set = _EvalSet(eval_batches, skip_first_pass=bool(resumed))
+        if trainer.train_steps < total_steps:
+            reporter.phase("compiling")
+            trainer.train(run.batches(train_batches, trainer.iter_steps), eval_set if eval_set else None)
+        else:
+            reporter.log(f"nothing to do: already at step {trainer.train_steps} of {total_steps}")
+            trainer.close()
+        final_step = trainer.train_steps
+
+    steps_run = final_step - (resumed or 0)
+    metrics = {
+        "steps": steps_run,
+        "total_steps": total_steps,
+        "loss": run.last_loss,
+        "eval_loss": run.last_eval_loss,
+        "tokens": run.tokens_total,
+        "train_time_s": run.train_time,
+        "wall_time_s": time.perf_counter() - t_start,
+        "trainable_params": n_lora,
+        "train_examples": len(train_ds),
+        "validation_examples": len(val_ds),
+        "compilation_cache_dir": cache_dir,
+    }
+    reporter.log(
+        f"done at step {final_step}/{total_steps}{' (stopped early)' if run.stopped_early else ''}: "
+        f"{steps_run} steps, last loss {run.last_loss}, {metrics['wall_time_s']:.1f} s"
+    )
+    return TrainResult(
+        final_step=final_step, stopped_early=run.stopped_early, resumed_from_step=resumed, metrics=metrics
+    )
