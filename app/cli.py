@@ -121,14 +121,14 @@ def worker(
 
 @cli.command()
 def up(host: HostOpt = None, port: PortOpt = None) -> None:
-    """Run everything on this machine: the web app and one worker for the 'cpu' pool."""
+    """Run everything on this machine: the web app and one worker for the 'cpu' pool (restarted if it dies)."""
     _apply(host, port)
     _announce(prepare())
     me = [sys.executable, "-m", "app.cli"]
-    children = [
-        subprocess.Popen([*me, "worker", "--pool", "cpu"]),
-        subprocess.Popen([*me, "web", "--no-migrate"]),
-    ]
+    worker_cmd = [*me, "worker", "--pool", "cpu"]
+    web_proc = subprocess.Popen([*me, "web", "--no-migrate"])
+    worker_proc = subprocess.Popen(worker_cmd)
+    restarts: list[float] = []
     stopping = False
 
     def stop(signum, _frame):
@@ -137,8 +137,15 @@ def up(host: HostOpt = None, port: PortOpt = None) -> None:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    while not stopping and all(c.poll() is None for c in children):
+    while not stopping and web_proc.poll() is None:
+        if worker_proc.poll() is not None:  # a crashed worker is restarted; its runs are re-queued
+            restarts = [t for t in restarts if time.monotonic() - t < 60] + [time.monotonic()]
+            if len(restarts) > 5:
+                break
+            typer.echo(f"tunedeck: the worker exited ({worker_proc.returncode}); restarting it", err=True)
+            worker_proc = subprocess.Popen(worker_cmd)
         time.sleep(0.2)
+    children = [worker_proc, web_proc]
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)

@@ -23,6 +23,9 @@ from app.datasets import pages as dataset_pages
 from app.datasets import routes as dataset_routes
 from app.pools import pages as pool_pages
 from app.pools import routes as pool_routes
+from app.runs import openai_routes as run_openai_routes
+from app.runs import pages as run_pages
+from app.runs import routes as run_routes
 from app.web import pages as web_pages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +70,12 @@ def create_app() -> FastAPI:
         dataset_routes,
         dataset_openai_routes,
         pool_routes,
+        run_routes,
+        run_openai_routes,
         auth_pages,
         dataset_pages,
         pool_pages,
+        run_pages,
         web_pages,
     ):
         app.include_router(module.router)

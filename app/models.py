@@ -3,5 +3,6 @@
 from app.auth.models import ApiToken, User
 from app.datasets.models import Dataset
 from app.pools.models import Pool, WorkerHost
+from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
-__all__ = ["ApiToken", "Dataset", "Pool", "User", "WorkerHost"]
+__all__ = ["ApiToken", "Dataset", "Pool", "Run", "RunCheckpoint", "RunEvent", "RunMetric", "User", "WorkerHost"]

@@ -1,4 +1,5 @@
-"""A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online."""
+"""A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
+and on each beat, runs of this pool whose own heartbeat went silent are re-queued."""
 
 import logging
 import threading
@@ -6,6 +7,7 @@ import threading
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.pools import service as pools
+from app.runs import service as runs
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ class Heartbeat:
     def _beat(self) -> None:
         with session_scope() as session:
             pools.heartbeat(session, self.hostname, self.pool, self.pid)
+            for run_id in runs.requeue_stale(session, self.pool):
+                log.warning("run %s lost its worker: re-queued", run_id)
 
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds

@@ -3,6 +3,7 @@
 from app.core import queue
 from app.core.db import session_scope
 from app.datasets import service as datasets
+from worker import runs
 from worker.celery_app import celery
 
 
@@ -10,3 +11,8 @@ from worker.celery_app import celery
 def validate_dataset(dataset_id: str) -> None:
     with session_scope() as session:
         datasets.validate(session, dataset_id)
+
+
+@celery.task(name=queue.TRAIN_RUN, bind=True)
+def train_run(self, run_id: str) -> None:
+    runs.execute(run_id, self.request.hostname)

@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     pool: str = "cpu"
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    run_stale_seconds: float = Field(default=30.0, gt=0, description="a running run silent this long is re-queued")
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")

@@ -15,6 +15,7 @@ GENERAL_QUEUE = "general"
 
 # Task names: the contract between app/ (sender) and worker/ (implementer).
 VALIDATE_DATASET = "tunedeck.datasets.validate"
+TRAIN_RUN = "tunedeck.runs.train"
 
 
 def make_celery() -> Celery:
@@ -33,6 +34,10 @@ def make_celery() -> Celery:
         worker_send_task_events=False,
         enable_utc=True,
     )
+    if celery.conf.broker_url.startswith(("redis://", "rediss://")):
+        # Tasks are acknowledged late; Redis would hand a task that is still running (a long
+        # training) to another worker after this long. Lost workers are noticed by heartbeat.
+        celery.conf.broker_transport_options = {"visibility_timeout": 7 * 24 * 3600}
     return celery
 
 

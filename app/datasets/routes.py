@@ -73,6 +73,12 @@ async def upload_dataset(request: Request, user: CurrentUser) -> Dataset:
     return await receive_dataset(request, user)
 
 
+@router.post("/demo", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)
+def import_demo(session: SessionDep, user: CurrentUser) -> Dataset:
+    """Import the demo dataset (a toy chat task the tiny model learns on CPU in minutes)."""
+    return service.create_demo(session, user)
+
+
 @router.get("", response_model=DatasetsPublic)
 def list_datasets(
     request: Request,

@@ -1,6 +1,8 @@
 """Datasets: store uploads, queue their validation, record the result, list, delete."""
 
+import hashlib
 import shutil
+import uuid
 from pathlib import Path
 
 from sqlalchemy import tuple_
@@ -14,6 +16,7 @@ from app.core.config import Settings, get_settings
 from app.core.db import utcnow
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
+from app.datasets import demo
 from app.datasets.models import Dataset, DatasetStatus
 from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
 
@@ -86,6 +89,25 @@ def create_from_upload(
     session.refresh(dataset)
     queue.send_task(queue.VALIDATE_DATASET, dataset.id)
     return dataset
+
+
+def create_demo(session: Session, owner: User) -> Dataset:
+    """Import the bundled demo dataset, as if uploaded (stored, hashed, validated)."""
+    content = demo.demo_dataset_jsonl()
+    tmp = incoming_dir(get_settings())
+    tmp.mkdir(parents=True, exist_ok=True)
+    upload = ReceivedFile(
+        "file",
+        demo.DEMO_FILENAME,
+        tmp / f".upload-{uuid.uuid4().hex}.part",
+        len(content),
+        hashlib.sha256(content).hexdigest(),
+    )
+    upload.path.write_bytes(content)
+    try:
+        return create_from_upload(session, owner, upload)
+    finally:
+        upload.path.unlink(missing_ok=True)
 
 
 def list_datasets(
@@ -174,6 +196,9 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
         dataset.stats, dataset.preview = report.stats, report.preview
         dataset.status = DatasetStatus.ready if report.ok else DatasetStatus.invalid
     _finish(session, dataset)
+    from app.runs import service as runs  # runs build on datasets; import here to keep that direction
+
+    runs.on_dataset_validated(session, dataset)
     return dataset
 
 

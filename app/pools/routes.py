@@ -76,4 +76,7 @@ def update_pool(name: str, data: PoolUpdate, session: SessionDep, _: AdminUser) 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_pool(name: str, session: SessionDep, _: AdminUser) -> None:
-    service.delete_pool(session, _get(session, name))
+    try:
+        service.delete_pool(session, _get(session, name))
+    except service.PoolInUse as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc

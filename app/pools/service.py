@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from app.core.config import get_settings
@@ -98,9 +99,17 @@ def update_pool(session: Session, pool: Pool, data: PoolUpdate) -> Pool:
     return pool
 
 
+class PoolInUse(Exception):
+    pass
+
+
 def delete_pool(session: Session, pool: Pool) -> None:
-    session.delete(pool)
-    session.commit()
+    try:
+        session.delete(pool)
+        session.commit()
+    except IntegrityError as exc:
+        session.rollback()
+        raise PoolInUse(f"pool {pool.name} has runs; it cannot be deleted") from exc
 
 
 def heartbeat(session: Session, hostname: str, pool: str, pid: int) -> None:

@@ -171,3 +171,11 @@ def test_watch_streams_status_changes(server, api):
                 if statuses[-1] != "validating":
                     break
     assert statuses[-1] == "ready"
+
+
+def test_demo_dataset_imports_in_one_call(server, api):
+    r = api.post("/api/v1/datasets/demo")
+    assert r.status_code == 201, r.text
+    d = wait_dataset(server, api, r.json()["id"])
+    assert d["status"] == "ready" and d["format"] == "chat" and d["rows"] >= 100
+    assert d["filename"].endswith(".jsonl")

@@ -1,0 +1,170 @@
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import ValidationInfo, field_validator, model_validator
+from sqlalchemy import JSON, Column, Index
+from sqlmodel import AutoString, Field, SQLModel
+
+from app.core.db import utcnow
+from app.runs.base_models import HF_TARGET_MODULES
+
+
+class RunStatus(StrEnum):
+    """OpenAI's fine-tuning job states, plus `paused`."""
+
+    validating_files = "validating_files"
+    queued = "queued"
+    running = "running"
+    paused = "paused"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL = {RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled}
+
+
+class RunConfig(SQLModel):
+    """Hyperparameters of a LoRA run. Declared and validated here once; the worker trusts them."""
+
+    lora_rank: int = Field(default=16, ge=1, le=1024)
+    lora_alpha: float = Field(default=32.0, gt=0)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: list(HF_TARGET_MODULES), min_length=1)
+    quantization: Literal["nf4", "int8"] | None = Field(default=None, description="QLoRA: quantize the base")
+    learning_rate: float = Field(default=1e-3, gt=0, le=1)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = Field(default=0, ge=0)
+    epochs: int | None = Field(default=None, ge=1, le=1000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    batch_size: int = Field(default=8, ge=1, le=65536, description="global batch size")
+    grad_accum_steps: int = Field(default=1, ge=1, le=1024)
+    max_seq_len: int = Field(default=256, ge=1, le=1_048_576)
+    packing: bool = False
+    assistant_only_loss: bool = True
+    seed: int = Field(default=0, ge=0)
+    validation_fraction: float = Field(default=0.1, ge=0, lt=1)
+    eval_every_steps: int = Field(default=20, ge=1)
+    checkpoint_every_steps: int = Field(default=20, ge=1)
+    checkpoints_kept: int = Field(default=3, ge=1, le=100)
+    mesh_fsdp: int | None = Field(default=None, ge=1, description="default: the pool's chips / tp")
+    mesh_tp: int | None = Field(default=None, ge=1, description="default: 1")
+    remat: Literal["none", "block", "decoder"] = "none"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_modules(cls, v: list[str]) -> list[str]:
+        unknown = [m for m in v if m not in HF_TARGET_MODULES]
+        if unknown:
+            raise ValueError(f"unknown {unknown}; choose from {', '.join(HF_TARGET_MODULES)}")
+        return v
+
+    @field_validator("grad_accum_steps")
+    @classmethod
+    def _divides_batch(cls, v: int, info: ValidationInfo) -> int:
+        batch = info.data.get("batch_size")
+        if batch is not None and batch % v:
+            raise ValueError(f"batch_size {batch} is not a multiple of grad_accum_steps {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _length(self):
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = 1
+        return self
+
+
+class RunCreate(SQLModel):
+    base_model: str = Field(default="tiny-gemma4")
+    dataset_id: str
+    validation_dataset_id: str | None = None
+    pool: str = "cpu"
+    suffix: str | None = Field(default=None, max_length=64)
+    config: RunConfig = Field(default_factory=RunConfig)
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_owner_created", "owner_id", "created_at", "id"),)
+    id: str = Field(primary_key=True, max_length=32)
+    owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
+    base_model: str = Field(max_length=64)
+    # A dataset that a run uses cannot be deleted (RESTRICT): the API answers 409.
+    dataset_id: str = Field(foreign_key="datasets.id", ondelete="RESTRICT", index=True, max_length=32)
+    validation_dataset_id: str | None = Field(
+        default=None, foreign_key="datasets.id", ondelete="RESTRICT", index=True, max_length=32
+    )
+    pool: str = Field(foreign_key="pools.name", max_length=64)
+    suffix: str | None = Field(default=None, max_length=64)
+    config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    status: RunStatus = Field(default=RunStatus.queued, index=True, sa_type=AutoString(24))
+    phase: str | None = Field(default=None, max_length=24)
+    step: int = 0
+    total_steps: int | None = None
+    error: str | None = None
+    attempts: int = 0
+    worker: str | None = Field(default=None, max_length=255)
+    heartbeat_at: datetime | None = None
+    stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause")
+    fine_tuned_model: str | None = Field(default=None, max_length=128)
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class RunEvent(SQLModel, table=True):
+    __tablename__ = "run_events"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
+    created_at: datetime = Field(default_factory=utcnow)
+    level: str = Field(default="info", max_length=8)
+    message: str
+
+
+class RunMetric(SQLModel, table=True):
+    __tablename__ = "run_metrics"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
+    step: int
+    values: dict[str, float] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class RunCheckpoint(SQLModel, table=True):
+    __tablename__ = "run_checkpoints"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
+    step: int
+    path: str = Field(max_length=1024)
+    metrics: dict[str, float] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class RunPublic(SQLModel):
+    id: str
+    base_model: str
+    dataset_id: str
+    validation_dataset_id: str | None
+    pool: str
+    suffix: str | None
+    config: dict[str, Any]
+    status: RunStatus
+    phase: str | None
+    step: int
+    total_steps: int | None
+    error: str | None
+    attempts: int
+    worker: str | None
+    fine_tuned_model: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cost_usd: float = 0.0
+
+
+class RunsPublic(SQLModel):
+    data: list[RunPublic]
+    count: int

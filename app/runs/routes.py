@@ -1,0 +1,143 @@
+"""Native REST API for runs: /api/v1/runs."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+
+from app.core.db import session_scope
+from app.core.deps import CurrentUser, SessionDep
+from app.core.routing import Route
+from app.core.sse import watch
+from app.runs import service
+from app.runs.models import Run, RunCreate, RunPublic, RunsPublic, RunStatus
+
+router = APIRouter(route_class=Route, prefix="/api/v1/runs", tags=["runs"])
+
+
+def unprocessable(exc: service.RunInvalid) -> HTTPException:
+    return HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", *exc.loc], "msg": exc.message, "type": "value_error"}]
+    )
+
+
+def conflict(exc: service.StateError) -> HTTPException:
+    return HTTPException(status.HTTP_409_CONFLICT, str(exc))
+
+
+def get_or_404(session, user, run_id: str) -> Run:
+    run = service.get(session, user, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id} not found")
+    return run
+
+
+@router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED)
+def create_run(data: RunCreate, session: SessionDep, user: CurrentUser) -> Run:
+    """Launch a LoRA fine-tune. Bad requests get 422 naming the field, and nothing is queued."""
+    try:
+        return service.create(session, user, data)
+    except service.RunInvalid as exc:
+        raise unprocessable(exc) from exc
+
+
+@router.post("/estimate")
+def estimate_run(data: RunCreate, session: SessionDep, user: CurrentUser) -> dict:
+    """Pre-flight: parameters, LoRA parameters, memory per chip (with and without remat), time and cost."""
+    try:
+        return service.preflight(session, user, data).as_dict()
+    except service.RunInvalid as exc:
+        raise unprocessable(exc) from exc
+
+
+@router.get("", response_model=RunsPublic)
+def list_runs(
+    session: SessionDep,
+    user: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status_: Annotated[RunStatus | None, Query(alias="status")] = None,
+) -> RunsPublic:
+    rows, count = service.list_runs(session, user, limit=limit, offset=offset, status=status_)
+    return RunsPublic(data=[service.to_public(session, r) for r in rows], count=count)
+
+
+@router.get("/{run_id}", response_model=RunPublic)
+def get_run(
+    run_id: str,
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    """One run; with `?watch=true`, server-sent events: the run and its new metric points."""
+    run = get_or_404(session, user, run_id)
+    if not watch_:
+        return service.to_public(session, run)
+    last_id = [0]
+
+    def snapshot():
+        with session_scope() as s:
+            current = service.get(s, user, run_id)
+            if current is None:
+                return None
+            points = service.metrics(s, current, after_id=last_id[0])
+            if points:
+                last_id[0] = points[-1].id
+            payload = {
+                "run": service.to_public(s, current).model_dump(mode="json"),
+                "metrics": [{"step": p.step, **p.values} for p in points],
+            }
+            return (current.updated_at, current.status, current.phase, last_id[0]), payload
+
+    return watch(request, snapshot)
+
+
+@router.get("/{run_id}/metrics")
+def run_metrics(run_id: str, session: SessionDep, user: CurrentUser, since_step: int = -1) -> dict:
+    run = get_or_404(session, user, run_id)
+    points = service.metrics(session, run, since_step=since_step)
+    return {"data": [{"step": p.step, **p.values} for p in points], "count": len(points)}
+
+
+@router.get("/{run_id}/checkpoints")
+def run_checkpoints(run_id: str, session: SessionDep, user: CurrentUser) -> dict:
+    run = get_or_404(session, user, run_id)
+    rows = service.checkpoints(session, run)
+    return {
+        "data": [{"step": c.step, "metrics": c.metrics, "created_at": c.created_at} for c in rows],
+        "count": len(rows),
+    }
+
+
+@router.get("/{run_id}/events")
+def run_events(run_id: str, session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=1000)] = 100):
+    run = get_or_404(session, user, run_id)
+    rows = service.events(session, run, limit=limit)
+    return {
+        "data": [{"id": e.id, "created_at": e.created_at, "level": e.level, "message": e.message} for e in rows],
+        "count": len(rows),
+    }
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic)
+def cancel_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
+    try:
+        return service.cancel(session, get_or_404(session, user, run_id))
+    except service.StateError as exc:
+        raise conflict(exc) from exc
+
+
+@router.post("/{run_id}/pause", response_model=RunPublic)
+def pause_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
+    try:
+        return service.pause(session, get_or_404(session, user, run_id))
+    except service.StateError as exc:
+        raise conflict(exc) from exc
+
+
+@router.post("/{run_id}/resume", response_model=RunPublic)
+def resume_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
+    try:
+        return service.resume(session, get_or_404(session, user, run_id))
+    except service.StateError as exc:
+        raise conflict(exc) from exc

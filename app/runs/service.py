@@ -1,0 +1,398 @@
+"""Runs: the one place a run's state changes.
+
+    validating_files -> queued -> running -> succeeded | failed | cancelled
+                                  running <-> paused (pause keeps the checkpoint; resume re-queues)
+
+Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel`, `pause`, `resume`.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import delete, update
+from sqlmodel import Session, col, func, select
+
+from app.auth.models import User
+from app.core import queue
+from app.core.config import get_settings
+from app.core.db import utcnow
+from app.core.security import new_id
+from app.datasets import service as datasets
+from app.datasets.models import Dataset, DatasetStatus
+from app.pools.models import Pool
+from app.runs.base_models import BASE_MODELS
+from app.runs.estimate import Estimate, estimate
+from app.runs.models import (
+    TERMINAL,
+    Run,
+    RunCheckpoint,
+    RunConfig,
+    RunCreate,
+    RunEvent,
+    RunMetric,
+    RunPublic,
+    RunStatus,
+)
+
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class RunInvalid(Exception):
+    """A request that names a thing that does not fit; `loc` is the field's path in the body."""
+
+    loc: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{'.'.join(self.loc)}: {self.message}"
+
+
+class StateError(Exception):
+    pass
+
+
+def fine_tuned_model_name(run: Run) -> str:
+    return f"ft:{run.base_model}:{run.suffix or 'tunedeck'}:{run.id}"
+
+
+def event(session: Session, run: Run, message: str, level: str = "info") -> None:
+    session.add(RunEvent(run_id=run.id, message=message, level=level))
+
+
+def _dataset(session: Session, owner: User, dataset_id: str, field: str) -> Dataset:
+    dataset = datasets.get_dataset(session, owner, dataset_id)
+    if dataset is None:
+        raise RunInvalid((field,), f"unknown dataset {dataset_id!r}")
+    if dataset.status == DatasetStatus.invalid:
+        raise RunInvalid((field,), f"dataset {dataset_id} is invalid ({dataset.error_count} errors): fix and re-upload")
+    return dataset
+
+
+def resolve_mesh(config: RunConfig, pool: Pool) -> tuple[int, int]:
+    tp = config.mesh_tp or 1
+    fsdp = config.mesh_fsdp or max(1, pool.chips // tp)
+    return fsdp, tp
+
+
+def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Dataset]]:
+    """Everything about a request that needs the database or the base model; raises RunInvalid."""
+    base = BASE_MODELS.get(data.base_model)
+    if base is None:
+        raise RunInvalid(("base_model",), f"unknown base model {data.base_model!r}; one of {', '.join(BASE_MODELS)}")
+    pool = session.get(Pool, data.pool)
+    if pool is None:
+        raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")
+    used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
+    if data.validation_dataset_id:
+        used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
+    cfg = data.config
+    fsdp, tp = resolve_mesh(cfg, pool)
+    if base.arch.num_kv_heads % tp:
+        raise RunInvalid(("config", "mesh_tp"), f"tp={tp} must divide the model's {base.arch.num_kv_heads} KV heads")
+    if pool.accelerator != "cpu" and fsdp * tp != pool.chips:
+        raise RunInvalid(
+            ("config", "mesh_fsdp"), f"fsdp x tp = {fsdp * tp} but pool {pool.name} has {pool.chips} chips"
+        )
+    micro = cfg.batch_size // cfg.grad_accum_steps
+    if micro % fsdp:
+        raise RunInvalid(
+            ("config", "batch_size"),
+            f"the per-step batch {micro} (batch_size / grad_accum_steps) must divide by the data-parallel size {fsdp}",
+        )
+    return pool, used
+
+
+def preflight(session: Session, owner: User, data: RunCreate) -> Estimate:
+    """What the run will need on its pool, before it is launched (raises RunInvalid like create)."""
+    pool, used = check(session, owner, data)
+    fsdp, tp = resolve_mesh(data.config, pool)
+    tokens = used[0].stats.get("tokens_total") if used[0].stats else None
+    return estimate(BASE_MODELS[data.base_model], data.config, pool, fsdp, tp, tokens)
+
+
+def cost_usd(session: Session, run: Run) -> float:
+    """Chip-hours so far (or in all, once finished) x the pool's price per chip-hour."""
+    pool = session.get(Pool, run.pool)
+    if pool is None or run.started_at is None:
+        return 0.0
+    end = run.finished_at or utcnow()
+    return (end - run.started_at).total_seconds() / 3600 * pool.chips * pool.price_per_chip_hour
+
+
+def to_public(session: Session, run: Run) -> RunPublic:
+    return RunPublic.model_validate(run, update={"cost_usd": round(cost_usd(session, run), 6)})
+
+
+def create(session: Session, owner: User, data: RunCreate) -> Run:
+    pool, used = check(session, owner, data)
+    fsdp, tp = resolve_mesh(data.config, pool)
+    config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
+    waiting = any(d.status == DatasetStatus.validating for d in used)
+    run = Run(
+        id=new_id("run"),
+        owner_id=owner.id,
+        base_model=data.base_model,
+        dataset_id=data.dataset_id,
+        validation_dataset_id=data.validation_dataset_id,
+        pool=pool.name,
+        suffix=data.suffix,
+        config=config.model_dump(),
+        status=RunStatus.validating_files if waiting else RunStatus.queued,
+        total_steps=config.max_steps,
+    )
+    session.add(run)
+    event(session, run, f"created on pool {pool.name} from {data.base_model}")
+    session.commit()
+    session.refresh(run)
+    if not waiting:
+        _enqueue(session, run)
+    return run
+
+
+def _enqueue(session: Session, run: Run) -> None:
+    event(session, run, f"queued on pool {run.pool}")
+    session.commit()
+    queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
+
+
+def on_dataset_validated(session: Session, dataset: Dataset) -> None:
+    """Runs that waited for this dataset move on: queued, or failed if it turned out invalid."""
+    waiting = session.exec(
+        select(Run).where(
+            Run.status == RunStatus.validating_files,
+            (Run.dataset_id == dataset.id) | (Run.validation_dataset_id == dataset.id),
+        )
+    ).all()
+    for run in waiting:
+        if dataset.status == DatasetStatus.invalid:
+            _finish(session, run, RunStatus.failed, f"dataset {dataset.id} is invalid ({dataset.error_count} errors)")
+            continue
+        others = [session.get(Dataset, i) for i in (run.dataset_id, run.validation_dataset_id) if i]
+        if all(d.status == DatasetStatus.ready for d in others):
+            run.status = RunStatus.queued
+            session.add(run)
+            _enqueue(session, run)
+
+
+def list_runs(session: Session, owner: User, *, limit: int = 100, offset: int = 0, status: RunStatus | None = None):
+    where = [Run.owner_id == owner.id]
+    if status is not None:
+        where.append(Run.status == status)
+    count = session.exec(select(func.count()).select_from(Run).where(*where)).one()
+    rows = session.exec(
+        select(Run).where(*where).order_by(col(Run.created_at).desc(), col(Run.id).desc()).offset(offset).limit(limit)
+    ).all()
+    return list(rows), count
+
+
+def get(session: Session, owner: User, run_id: str) -> Run | None:
+    run = session.get(Run, run_id)
+    return run if run is not None and run.owner_id == owner.id else None
+
+
+def events(session: Session, run: Run, *, limit: int = 100, after: int | None = None) -> list[RunEvent]:
+    query = select(RunEvent).where(RunEvent.run_id == run.id)
+    if after is not None:
+        query = query.where(RunEvent.id < after)
+    return list(session.exec(query.order_by(col(RunEvent.id).desc()).limit(limit)))
+
+
+def metrics(session: Session, run: Run, *, since_step: int = -1, after_id: int = 0) -> list[RunMetric]:
+    """Metric rows in the order written; `after_id` follows a live run (an eval row for step N can be
+    written after the training row of step N went out, so steps alone would skip it)."""
+    return list(
+        session.exec(
+            select(RunMetric)
+            .where(RunMetric.run_id == run.id, RunMetric.step > since_step, RunMetric.id > after_id)
+            .order_by(RunMetric.id)
+        )
+    )
+
+
+def checkpoints(session: Session, run: Run) -> list[RunCheckpoint]:
+    return list(session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id).order_by(RunCheckpoint.step)))
+
+
+# --- user actions -------------------------------------------------------------------------------
+
+
+def cancel(session: Session, run: Run) -> Run:
+    if run.status in TERMINAL:
+        raise StateError(f"run {run.id} is already {run.status}")
+    if run.status == RunStatus.running:
+        run.stop_requested = "cancel"
+        event(session, run, "cancellation requested")
+        session.add(run)
+        session.commit()
+    else:  # nothing is running: cancel at once (a queued task finds the run cancelled and skips it)
+        _finish(session, run, RunStatus.cancelled, None)
+    session.refresh(run)
+    return run
+
+
+def pause(session: Session, run: Run) -> Run:
+    if run.status != RunStatus.running:
+        raise StateError(f"only a running run can be paused; run {run.id} is {run.status}")
+    run.stop_requested = "pause"
+    event(session, run, "pause requested")
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def resume(session: Session, run: Run) -> Run:
+    if run.status != RunStatus.paused:
+        raise StateError(f"only a paused run can be resumed; run {run.id} is {run.status}")
+    run.status, run.stop_requested = RunStatus.queued, None
+    session.add(run)
+    _enqueue(session, run)
+    session.refresh(run)
+    return run
+
+
+# --- worker side --------------------------------------------------------------------------------
+
+
+def start(session: Session, run_id: str, worker: str) -> Run | None:
+    """A worker takes the run; None when there is nothing to do (cancelled, done, taken, or too many tries).
+
+    Taking is a compare-and-set on `attempts`, so two deliveries of the same task cannot both run it.
+    """
+    run = session.get(Run, run_id)
+    if run is None or run.status in TERMINAL or run.status == RunStatus.paused:
+        return None
+    if run.status == RunStatus.running and run.worker and utcnow() - run.heartbeat_at < stale_after():
+        return None  # another worker is on it (a re-queued run has no worker)
+    if run.attempts >= MAX_ATTEMPTS:
+        _finish(session, run, RunStatus.failed, f"gave up after {run.attempts} attempts")
+        return None
+    lost = run.status == RunStatus.running  # re-queued: the last worker died mid-run
+    now = utcnow()
+    taken = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.attempts == run.attempts)
+        .values(
+            attempts=run.attempts + 1,
+            status=RunStatus.running,
+            worker=worker,
+            stop_requested=None,
+            started_at=run.started_at or now,
+            heartbeat_at=now,
+            updated_at=now,
+        )
+    ).rowcount
+    if not taken:
+        session.rollback()
+        return None
+    session.commit()
+    session.refresh(run)
+    event(session, run, f"attempt {run.attempts} on {worker}" + (" after a worker was lost" if lost else ""))
+    session.commit()
+    return run
+
+
+def is_current(session: Session, run: Run, attempt: int) -> bool:
+    """Whether `attempt` still owns the run (it was not finished, paused, or taken by a later attempt)."""
+    session.refresh(run)
+    return run.attempts == attempt and run.status == RunStatus.running
+
+
+def stale_after() -> timedelta:
+    return timedelta(seconds=get_settings().run_stale_seconds)
+
+
+def requeue_stale(session: Session, pool: str) -> list[str]:
+    """Re-queue this pool's running runs whose worker stopped beating (it was killed or lost)."""
+    cutoff = utcnow() - stale_after()
+    stale = session.exec(
+        select(Run).where(Run.pool == pool, Run.status == RunStatus.running, Run.heartbeat_at < cutoff)
+    ).all()
+    for run in stale:
+        event(
+            session,
+            run,
+            f"no heartbeat from {run.worker or 'any worker'} for {stale_after().seconds}s: re-queued",
+            "warn",
+        )
+        run.worker, run.heartbeat_at = None, utcnow()  # ownerless; re-queued again only after another silence
+        session.add(run)
+        session.commit()
+        queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
+    return [r.id for r in stale]
+
+
+def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | None:
+    """Record liveness (and phase); returns the pending stop request, if any."""
+    session.refresh(run)
+    run.heartbeat_at = run.updated_at = utcnow()
+    if phase is not None and phase != run.phase:
+        run.phase = phase
+        event(session, run, f"phase: {phase}")
+    session.add(run)
+    session.commit()
+    return run.stop_requested
+
+
+def rewind(session: Session, run: Run, step: int) -> None:
+    """A new attempt resumes after `step`: forget what a lost attempt reported beyond it."""
+    session.execute(delete(RunMetric).where(RunMetric.run_id == run.id, RunMetric.step > step))
+    run.step = step
+    session.add(run)
+    event(session, run, f"resumed from step {step}")
+    session.commit()
+
+
+def record_metrics(session: Session, run: Run, rows: list[tuple[int, dict[str, float]]]) -> None:
+    for step, values in rows:
+        session.add(RunMetric(run_id=run.id, step=step, values=values))
+    if rows:
+        run.step = max(run.step, max(step for step, _ in rows))
+        run.updated_at = utcnow()
+        session.add(run)
+    session.commit()
+
+
+def record_checkpoint(session: Session, run: Run, step: int, path: str, values: dict[str, float]) -> None:
+    if session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id, RunCheckpoint.step == step)).first():
+        return
+    session.add(RunCheckpoint(run_id=run.id, step=step, path=path, metrics=values))
+    event(session, run, f"checkpoint saved at step {step}")
+    session.commit()
+
+
+def log(session: Session, run: Run, message: str, level: str = "info") -> None:
+    event(session, run, message, level)
+    session.commit()
+
+
+def finish(session: Session, run: Run, *, stopped_by: str | None) -> None:
+    session.refresh(run)
+    if run.status in TERMINAL:
+        return
+    if stopped_by == "pause":
+        run.status, run.stop_requested, run.phase = RunStatus.paused, None, None
+        event(session, run, f"paused at step {run.step}")
+        session.add(run)
+        session.commit()
+    elif stopped_by == "cancel":
+        _finish(session, run, RunStatus.cancelled, None)
+    else:
+        run.fine_tuned_model = fine_tuned_model_name(run)
+        _finish(session, run, RunStatus.succeeded, None)
+
+
+def fail(session: Session, run: Run, error: str) -> None:
+    session.refresh(run)
+    _finish(session, run, RunStatus.failed, error)
+
+
+def _finish(session: Session, run: Run, status: RunStatus, error: str | None) -> None:
+    if run.status in TERMINAL:  # an outcome, once recorded, stays
+        return
+    run.status, run.error, run.stop_requested, run.phase = status, error, None, None
+    run.finished_at = run.updated_at = utcnow()
+    session.add(run)
+    event(session, run, f"{status.value}" + (f": {error}" if error else ""), "error" if error else "info")
+    session.commit()

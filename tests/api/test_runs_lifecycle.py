@@ -1,0 +1,143 @@
+"""Runs end to end with real Tunix LoRA training of the tiny Gemma 4 on the cpu pool."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.conftest import start_server, stop_server, wait_dataset
+
+SMALL = {
+    "max_steps": 30,
+    "batch_size": 8,
+    "max_seq_len": 64,
+    "checkpoint_every_steps": 10,
+    "eval_every_steps": 10,
+    "learning_rate": 0.005,
+    "lr_schedule": "constant",
+}
+
+
+def demo_dataset(server, client) -> str:
+    return wait_dataset(server, client, client.post("/api/v1/datasets/demo").json()["id"])["id"]
+
+
+def wait_run(server, client, run_id: str, done=("succeeded", "failed", "cancelled"), timeout: float = 300) -> dict:
+    def check():
+        run = client.get(f"/api/v1/runs/{run_id}").json()
+        return run if run["status"] in done else None
+
+    return server.wait_for(check, timeout=timeout, interval=0.5, what=f"run {run_id} to reach {done}")
+
+
+def steps_of(client, run_id: str) -> list[int]:
+    return [p["step"] for p in client.get(f"/api/v1/runs/{run_id}/metrics").json()["data"] if "loss" in p]
+
+
+def test_run_trains_and_succeeds(server, api):
+    dataset = demo_dataset(server, api)
+    r = api.post("/api/v1/runs", json={"base_model": "tiny-gemma4", "dataset_id": dataset, "config": SMALL})
+    assert r.status_code == 201, r.text
+    run = wait_run(server, api, r.json()["id"])
+    assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
+    assert steps_of(api, run["id"]) == list(range(1, 31))
+    losses = [p["loss"] for p in api.get(f"/api/v1/runs/{run['id']}/metrics").json()["data"] if "loss" in p]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert [c["step"] for c in api.get(f"/api/v1/runs/{run['id']}/checkpoints").json()["data"]] == [10, 20, 30]
+    assert run["fine_tuned_model"].startswith("ft:tiny-gemma4:")
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]]
+    for phase in ("phase: loading", "phase: training", "succeeded"):
+        assert any(m.startswith(phase) for m in messages), messages
+
+
+def test_openai_fine_tuning_jobs(server, api):
+    dataset = demo_dataset(server, api)
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    job = client.fine_tuning.jobs.create(
+        model="tiny-gemma4",
+        training_file=dataset,
+        suffix="demo",
+        seed=7,
+        hyperparameters={"batch_size": 8},
+        extra_body={"tunedeck": {"pool": "cpu", "config": {**SMALL, "max_steps": 1000, "checkpoint_every_steps": 5}}},
+    )
+    assert job.status in ("queued", "running") and job.model == "tiny-gemma4" and job.seed == 7
+    assert job.id in [j.id for j in client.fine_tuning.jobs.list()]
+
+    def checkpointed():
+        return client.fine_tuning.jobs.checkpoints.list(job.id).data
+
+    ckpts = server.wait_for(checkpointed, timeout=240, interval=0.5, what="a first checkpoint")
+    assert ckpts[0].step_number % 5 == 0 and ckpts[0].fine_tuning_job_id == job.id
+
+    # Pause keeps a checkpoint at the step it stopped; resume continues right after it.
+    client.fine_tuning.jobs.pause(job.id)
+    paused = wait_run(server, api, job.id, done=("paused",), timeout=30)
+    ckpt_steps = [c["step"] for c in api.get(f"/api/v1/runs/{job.id}/checkpoints").json()["data"]]
+    assert paused["step"] == ckpt_steps[-1], (paused["step"], ckpt_steps)
+    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+    server.wait_for(
+        lambda: api.get(f"/api/v1/runs/{job.id}").json()["step"] > paused["step"] + 2,
+        timeout=240,
+        interval=0.5,
+        what="training to continue after resume",
+    )
+    steps = steps_of(api, job.id)
+    assert steps == list(range(1, len(steps) + 1)), "resume continues after the paused step"
+
+    start = time.monotonic()
+    assert client.fine_tuning.jobs.cancel(job.id).id == job.id
+    wait_run(server, api, job.id, done=("cancelled",), timeout=15)
+    assert time.monotonic() - start < 10
+    assert client.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+    events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    for expected in ("pause requested", "cancellation requested", "cancelled"):
+        assert expected in events, events
+    assert any(m.startswith("paused at step") for m in events) and any(
+        m.startswith("resumed from step") for m in events
+    )
+
+
+@pytest.fixture
+def fast_reaper_server(tmp_path):
+    srv = start_server(tmp_path / "reaper", {"TUNEDECK_RUN_STALE_SECONDS": "4"})
+    yield srv
+    stop_server(srv)
+
+
+def _worker_tree(server) -> list[psutil.Process]:
+    up = psutil.Process(server.proc.pid)
+    workers = [p for p in up.children() if "worker" in " ".join(p.cmdline())]
+    return [proc for w in workers for proc in (w, *w.children(recursive=True))]
+
+
+def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):
+    srv = fast_reaper_server
+    api = srv.client()
+    dataset = demo_dataset(srv, api)
+    config = {**SMALL, "max_steps": 60}
+    run_id = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": config}).json()["id"]
+
+    def past_a_checkpoint():
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        ckpts = api.get(f"/api/v1/runs/{run_id}/checkpoints").json()["data"]
+        return run["step"] >= 15 and ckpts
+
+    srv.wait_for(past_a_checkpoint, timeout=240, interval=0.2, what="training past the first checkpoint")
+    victims = _worker_tree(srv)
+    assert any("worker.runs" in " ".join(p.cmdline()) for p in victims), (
+        "the training process should be under the worker"
+    )
+    for proc in victims:
+        os.kill(proc.pid, signal.SIGKILL)
+
+    run = wait_run(srv, api, run_id, timeout=300)
+    assert run["status"] == "succeeded", (run["error"], srv.log()[-3000:])
+    assert run["attempts"] == 2
+    assert steps_of(api, run_id) == list(range(1, 61)), "each step once: none twice, none skipped"
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events").json()["data"]]
+    assert any(m.startswith("resumed from step ") for m in messages), messages
+    assert any("re-queued" in m for m in messages), messages

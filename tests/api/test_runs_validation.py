@@ -1,0 +1,73 @@
+"""Run requests are validated once, with errors that name the field; nothing is queued."""
+
+import json
+
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import make_user, upload, wait_dataset
+
+CHAT = "".join(
+    json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}) + "\n"
+    for i in range(16)
+).encode()
+
+
+@pytest.fixture(scope="module")
+def ready_dataset(server, api) -> str:
+    return wait_dataset(server, api, upload(api, "runs.jsonl", CHAT).json()["id"])["id"]
+
+
+@pytest.fixture(scope="module")
+def invalid_dataset(server, api) -> str:
+    d = wait_dataset(server, api, upload(api, "bad.jsonl", CHAT + b"{oops\n").json()["id"])
+    assert d["status"] == "invalid"
+    return d["id"]
+
+
+@pytest.mark.parametrize(
+    "body, loc",
+    [
+        ({"config": {"lora_rank": 0}}, ["body", "config", "lora_rank"]),
+        ({"config": {"max_seq_len": 0}}, ["body", "config", "max_seq_len"]),
+        ({"config": {"mesh_tp": 4}}, ["body", "config", "mesh_tp"]),  # the tiny model has 2 KV heads
+        ({"config": {"batch_size": 8, "grad_accum_steps": 3}}, ["body", "config", "grad_accum_steps"]),
+        ({"config": {"batch_size": 3, "mesh_fsdp": 2}}, ["body", "config", "batch_size"]),
+        ({"config": {"target_modules": ["q_proj", "qkv"]}}, ["body", "config", "target_modules"]),
+        ({"dataset_id": "ds-doesnotexist"}, ["body", "dataset_id"]),
+        ({"base_model": "llama-9"}, ["body", "base_model"]),
+        ({"pool": "nowhere"}, ["body", "pool"]),
+    ],
+)
+def test_bad_config_names_the_field_and_queues_nothing(api, ready_dataset, body, loc):
+    before = api.get("/api/v1/runs").json()["count"]
+    payload = {"base_model": "tiny-gemma4", "dataset_id": ready_dataset, **body}
+    r = api.post("/api/v1/runs", json=payload)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc, r.json()
+    assert api.get("/api/v1/runs").json()["count"] == before
+
+
+def test_invalid_dataset_is_refused(api, invalid_dataset):
+    r = api.post("/api/v1/runs", json={"dataset_id": invalid_dataset})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "dataset_id"] and "invalid" in r.json()["detail"][0]["msg"]
+
+
+def test_another_users_dataset_is_unknown(server, api, ready_dataset):
+    _, _, token = make_user(server)
+    r = server.client(token).post("/api/v1/runs", json={"dataset_id": ready_dataset})
+    assert r.status_code == 422 and "unknown dataset" in r.json()["detail"][0]["msg"]
+
+
+def test_openai_create_names_the_field(server, ready_dataset):
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    with pytest.raises(openai.UnprocessableEntityError, match="training_file"):
+        client.fine_tuning.jobs.create(model="tiny-gemma4", training_file="ds-nope")
+    with pytest.raises(openai.UnprocessableEntityError, match="lora_rank"):
+        client.fine_tuning.jobs.create(
+            model="tiny-gemma4", training_file=ready_dataset, extra_body={"tunedeck": {"config": {"lora_rank": 0}}}
+        )
+    with pytest.raises(openai.UnprocessableEntityError, match="model"):
+        client.fine_tuning.jobs.create(model="gpt-4o", training_file=ready_dataset)
