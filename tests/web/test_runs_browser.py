@@ -1,0 +1,280 @@
+"""The run pages in a real browser (headless Chromium via Playwright) against a real `tunedeck up`
+whose Celery worker really trains the tiny model on CPU.
+
+Fixtures (`server`, `page`, ...) come from tests/conftest.py. Screenshots go to test-artifacts/.
+"""
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.conftest import ARTIFACTS, wait_dataset
+
+TRAIN_TIMEOUT = 240_000  # ms: the whole tiny run on CPU, compile included
+TRAIN_TIMEOUT_S = TRAIN_TIMEOUT / 1000
+LIVE_TIMEOUT = 60_000
+RUN_PAGE = re.compile(r".*/runs/run-[^/?#]+$")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+# A run small enough to finish in about a minute on CPU.
+TINY = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "eval_every_steps": 20, "checkpoint_every_steps": 20}
+
+# Shared between tests in this module: the run the acceptance test launched through the form.
+_launched: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def no_uncaught_js_errors(request):
+    """Fail a test whose pages threw an uncaught JavaScript exception."""
+    if "page" not in request.fixturenames:
+        yield
+        return
+    errors: list[str] = []
+    request.getfixturevalue("page").on("pageerror", lambda exc: errors.append(str(exc)))
+    yield
+    assert not errors, f"uncaught JavaScript errors: {errors}"
+
+
+@pytest.fixture(scope="module")
+def demo_dataset(server) -> dict:
+    """The demo dataset, imported through the API and validated."""
+    client = server.client()
+    r = client.post("/api/v1/datasets/demo")
+    assert r.status_code == 201, r.text
+    dataset = wait_dataset(server, client, r.json()["id"])
+    assert dataset["status"] == "ready", dataset
+    return dataset
+
+
+def run_id_from(url: str) -> str:
+    m = re.search(r"/runs/(run-[^/?#]+)$", url)
+    assert m, f"not a run page: {url}"
+    return m.group(1)
+
+
+def wait_run(server, client: httpx.Client, run_id: str, timeout: float = TRAIN_TIMEOUT_S) -> dict:
+    def done():
+        run = client.get(f"/api/v1/runs/{run_id}").json()
+        return run if run["status"] in TERMINAL else None
+
+    return server.wait_for(done, timeout=timeout, interval=1, what=f"run {run_id} to finish")
+
+
+def describe_failure(server, client: httpx.Client, run_id: str) -> str:
+    run = client.get(f"/api/v1/runs/{run_id}").json()
+    events = client.get(f"/api/v1/runs/{run_id}/events").json()["data"]
+    lines = "\n".join(f"  {e['created_at']} {e['level']}: {e['message']}" for e in reversed(events))
+    log = server.log()[-3000:]
+    return f"run {run_id} is {run['status']}: {run['error']}\nevents:\n{lines}\n--- server log ---\n{log}"
+
+
+# ---------- tests ----------
+
+
+def test_launch_tiny_run_and_watch_it_train(page: Page, server):
+    """The acceptance test: import the demo data, launch a tiny run from the form and watch it train live."""
+    page.goto("/runs/new")
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/datasets/demo") and r.request.method == "POST") as info:
+        page.get_by_role("button", name="Import demo dataset").click()
+    response = info.value
+    assert response.status == 201, response.text()
+    demo = response.json()
+    # The page follows the import's validation and selects the dataset once it is ready.
+    expect(page.locator("#dataset_id")).to_have_value(demo["id"], timeout=LIVE_TIMEOUT)
+    expect(page.locator("#demo-status")).to_contain_text("Ready")
+
+    page.select_option("#base_model", "tiny-gemma4")
+    page.select_option("#pool", "cpu")
+    page.fill("[name=max_steps]", str(TINY["max_steps"]))
+    page.fill("[name=batch_size]", str(TINY["batch_size"]))
+    page.fill("[name=max_seq_len]", str(TINY["max_seq_len"]))
+    expect(page.locator("[name=epochs]")).to_be_disabled()  # max steps wins
+    page.locator("#advanced summary").click()
+    page.fill("[name=eval_every_steps]", str(TINY["eval_every_steps"]))
+    page.fill("[name=checkpoint_every_steps]", str(TINY["checkpoint_every_steps"]))
+    page.fill("#suffix", "capitals")
+
+    # The pre-flight panel follows the form: parameters, memory per chip, and a fit on a CPU "chip".
+    expect(page.locator("#pf-body")).to_be_visible(timeout=10_000)
+    expect(page.locator("#pf-params")).not_to_have_text("–")
+    expect(page.locator("#pf-fits")).to_be_visible()
+    expect(page.locator("#pf-warning")).to_be_hidden()
+    expect(page.locator("#pf-tokens")).to_have_text(re.compile(r"^30\.7K$"))  # 60 steps x 8 x 64 tokens
+    page.locator("#advanced summary").click()  # close it again for the screenshot
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(ARTIFACTS / "run-new.png"), full_page=True)
+
+    page.get_by_role("button", name="Launch run").click()
+    page.wait_for_url(RUN_PAGE, timeout=30_000)
+    run_id = run_id_from(page.url)
+    _launched["run_id"] = run_id
+    page.wait_for_load_state("domcontentloaded")
+    page.evaluate("window.__marker = 1")
+    client = server.client()
+
+    created = client.get(f"/api/v1/runs/{run_id}").json()
+    assert created["dataset_id"] == demo["id"] and created["pool"] == "cpu" and created["base_model"] == "tiny-gemma4"
+    assert created["suffix"] == "capitals"
+    for key, value in TINY.items():
+        assert created["config"][key] == value, (key, created["config"])
+    assert created["config"]["epochs"] is None and created["total_steps"] == TINY["max_steps"]
+
+    # Live: the loss chart grows while the run is still running (no reload: the marker survives).
+    try:
+        page.wait_for_function(
+            """() => {
+            const chart = window.Chart && Chart.getChart('loss-chart');
+            const status = document.getElementById('run-status').textContent.trim();
+            return (!!chart && chart.data.datasets[0].data.length >= 2 && status === 'running')
+                || ['failed', 'cancelled'].includes(status);
+        }""",
+            timeout=TRAIN_TIMEOUT,
+        )
+    except Exception:
+        pytest.fail("the loss chart never showed 2 points while running\n" + describe_failure(server, client, run_id))
+    status = page.locator("#run-status")
+    assert status.inner_text().strip() == "running", describe_failure(server, client, run_id)
+    expect(page.locator("#run-phase")).to_be_visible()
+    expect(page.locator("#cancel-run")).to_be_visible()
+    expect(page.locator("#pause-run")).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "run-training.png"), full_page=True)
+
+    page.wait_for_function(
+        "() => ['succeeded', 'failed', 'cancelled'].includes(document.getElementById('run-status').textContent.trim())",
+        timeout=TRAIN_TIMEOUT,
+    )
+    if status.inner_text().strip() != "succeeded":
+        expect(page.locator("#run-error")).to_be_visible()  # a failure is shown, with its error
+        page.screenshot(path=str(ARTIFACTS / "run-failed.png"), full_page=True)
+        pytest.fail(describe_failure(server, client, run_id))
+    expect(status).to_have_class(re.compile(r"\bpill-run-succeeded\b"))
+    assert page.evaluate("window.__marker") == 1, "the page reloaded"
+
+    # The loss went down: the chart's points, and the same from the API.
+    points = page.evaluate("Chart.getChart('loss-chart').data.datasets[0].data.map(p => [p.x, p.y])")
+    metric_rows = client.get(f"/api/v1/runs/{run_id}/metrics").json()["data"]
+    api_points = [(m["step"], m["loss"]) for m in metric_rows if "loss" in m]
+    assert len(points) >= 2 and points[-1][0] == TINY["max_steps"], points
+    assert points[-1][1] < points[0][1] * 0.7, f"loss did not fall enough: {points[0]} -> {points[-1]}"
+    assert [tuple(p) for p in points] == api_points[-len(points) :]
+    # Every eval point is on the chart, including those recorded after a later step's training row.
+    api_evals = [[m["step"], m["eval_loss"]] for m in metric_rows if "eval_loss" in m]
+    assert len(api_evals) >= 3, api_evals
+    page.wait_for_function(
+        "(n) => Chart.getChart('loss-chart').data.datasets[1].data.length === n", arg=len(api_evals), timeout=10_000
+    )
+    assert page.evaluate("Chart.getChart('loss-chart').data.datasets[1].data.map(p => [p.x, p.y])") == sorted(api_evals)
+
+    # Checkpoints every 20 steps (3 kept), the final model name, the cards, the events log.
+    rows = page.locator("#checkpoints-table tbody tr[data-step]")
+    expect(rows).to_have_count(3, timeout=10_000)
+    assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == [20, 40, 60]
+    expect(page.locator("#fine-tuned-model")).to_have_text(re.compile(rf"^ft:tiny-gemma4:capitals:{run_id}$"))
+    expect(page.locator("#stat-step")).to_have_text("60")
+    expect(page.locator("#run-progress-bar")).to_have_class(re.compile(r"\bdone\b"))
+    expect(page.locator("#events-table tbody tr").first).to_contain_text("succeeded", timeout=10_000)
+    for button in ("#cancel-run", "#pause-run", "#resume-run"):
+        expect(page.locator(button)).to_be_hidden()
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(ARTIFACTS / "run-succeeded.png"), full_page=True)
+
+    # The list shows it, finished.
+    page.goto("/runs")
+    row = page.locator(f'#runs-body tr[data-id="{run_id}"]')
+    expect(row.locator(".pill")).to_have_text("succeeded")
+    expect(row).to_contain_text("60 / 60")
+
+
+def test_compare_view(page: Page, server, demo_dataset):
+    client = server.client()
+    first = _launched.get("run_id")
+    if first is None:  # run alone: make the first run through the API
+        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
+        assert r.status_code == 201, r.text
+        first = r.json()["id"]
+    base = client.get(f"/api/v1/runs/{first}").json()
+    config = {k: base["config"][k] for k in TINY} | {"learning_rate": base["config"]["learning_rate"] * 3}
+    r = client.post(
+        "/api/v1/runs",
+        json={"dataset_id": base["dataset_id"], "pool": "cpu", "suffix": base["suffix"], "config": config},
+    )
+    assert r.status_code == 201, r.text
+    second = r.json()["id"]
+    for run_id in (first, second):
+        run = wait_run(server, client, run_id)
+        assert run["status"] == "succeeded", describe_failure(server, client, run_id)
+
+    # Pick both on the list and press Compare.
+    page.goto("/runs")
+    compare = page.locator("#compare-btn")
+    expect(compare).to_be_disabled()
+    page.locator(f'#runs-body tr[data-id="{first}"] input.run-select').check()
+    expect(compare).to_be_disabled()
+    page.locator(f'#runs-body tr[data-id="{second}"] input.run-select').check()
+    expect(compare).to_be_enabled()
+    page.screenshot(path=str(ARTIFACTS / "runs-list.png"), full_page=True)
+    compare.click()
+    page.wait_for_url(re.compile(r".*/runs/compare\?ids=.+"))
+    assert set(page.url.split("ids=")[1].split(",")) == {first, second}
+
+    # One loss curve per run, labelled with the run and its pool.
+    page.wait_for_function(
+        """() => {
+        const chart = window.Chart && Chart.getChart('compare-chart');
+        return !!chart && chart.data.datasets.length === 2 && chart.data.datasets.every(d => d.data.length >= 2);
+    }""",
+        timeout=LIVE_TIMEOUT,
+    )
+    labels = page.evaluate("Chart.getChart('compare-chart').data.datasets.map(d => d.label)")
+    assert sorted(labels) == sorted([f"{first} · cpu", f"{second} · cpu"]), labels
+
+    # The config table shows what differs (the learning rate), and everything on request.
+    lr_row = page.locator('#diff-table tr[data-key="learning_rate"]')
+    expect(lr_row).to_be_visible()
+    expect(lr_row).to_have_class(re.compile(r"\bdiff\b"))
+    expect(page.locator('#diff-table tr[data-key="lora_rank"]')).to_have_count(0)
+    page.locator("#show-all-keys").check()
+    rank_row = page.locator('#diff-table tr[data-key="lora_rank"]')
+    expect(rank_row).to_be_visible()
+    expect(rank_row).not_to_have_class(re.compile(r"\bdiff\b"))
+    expect(lr_row).to_have_class(re.compile(r"\bdiff\b"))
+    page.locator("#show-all-keys").uncheck()
+    expect(page.locator('#summary-table tr[data-key="Cost"] td')).to_have_count(2)
+
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(ARTIFACTS / "runs-compare.png"), full_page=True)
+
+
+def test_bad_config_errors_shown_inline(page: Page, server, demo_dataset):
+    client = server.client()
+    before = client.get("/api/v1/runs").json()["count"]
+    page.goto(f"/runs/new?dataset={demo_dataset['id']}")
+    expect(page.locator("#dataset_id")).to_have_value(demo_dataset["id"])
+
+    # A value the schema rejects: the message sits under that field, and nothing is launched.
+    page.fill("[name=lora_rank]", "0")
+    page.get_by_role("button", name="Launch run").click()
+    rank = page.locator('[data-field="config.lora_rank"]')
+    expect(rank.locator(".field-error")).to_contain_text("greater than or equal to 1")
+    expect(rank).to_have_class(re.compile(r"\bhas-error\b"))
+    assert page.url.endswith(f"/runs/new?dataset={demo_dataset['id']}"), page.url
+
+    # A mesh the model cannot use (the server's own check): the Advanced section opens to show it.
+    page.fill("[name=lora_rank]", "8")
+    expect(page.locator("#advanced")).not_to_have_attribute("open", "")
+    page.locator("#advanced summary").click()
+    page.fill("[name=mesh_tp]", "4")
+    page.locator("#advanced summary").click()  # closed again: the error must open it
+    page.get_by_role("button", name="Launch run").click()
+    tp = page.locator('[data-field="config.mesh_tp"]')
+    expect(tp.locator(".field-error")).to_contain_text("must divide")
+    expect(tp).to_be_in_viewport()
+    expect(page.locator("#advanced")).to_have_attribute("open", "")
+    expect(rank.locator(".field-error")).to_have_count(0)
+    # The pre-flight panel says why it has no estimate.
+    expect(page.locator("#pf-error")).to_be_visible()
+    assert "/runs/new" in page.url
+    page.screenshot(path=str(ARTIFACTS / "run-new-errors.png"), full_page=True)
+    assert client.get("/api/v1/runs").json()["count"] == before, "a bad config was launched"
