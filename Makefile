@@ -11,12 +11,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The worker trains with JAX + Tunix + Qwix (the `train` extra); the web process never imports them.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[train]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,train]'
 	touch $(VENV)/.installed $@
 
 run: $(VENV)/.installed  ## Tunedeck on embedded defaults: http://127.0.0.1:8000
