@@ -88,8 +88,19 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
     cfg = data.config
     fsdp, tp = resolve_mesh(cfg, pool)
-    if base.arch.num_kv_heads % tp:
-        raise RunInvalid(("config", "mesh_tp"), f"tp={tp} must divide the model's {base.arch.num_kv_heads} KV heads")
+    arch = base.arch
+    sharded = {
+        "attention heads": arch.num_heads,
+        "KV heads": arch.num_kv_heads,
+        "global KV heads": arch.num_global_kv_heads,
+        "vocabulary": arch.vocab_size,
+        "MLP width": arch.ffn_dim,
+    }
+    uneven = [f"{name} ({n})" for name, n in sharded.items() if n % tp]
+    if uneven:
+        raise RunInvalid(("config", "mesh_tp"), f"tp={tp} must divide the model's {', '.join(uneven)}")
+    if arch.d_model % fsdp:
+        raise RunInvalid(("config", "mesh_fsdp"), f"fsdp={fsdp} must divide the model width ({arch.d_model})")
     if pool.accelerator != "cpu" and fsdp * tp != pool.chips:
         raise RunInvalid(
             ("config", "mesh_fsdp"), f"fsdp x tp = {fsdp * tp} but pool {pool.name} has {pool.chips} chips"
