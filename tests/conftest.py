@@ -43,6 +43,19 @@ def _fresh_postgres(url: str) -> str:
     return str(sa.make_url(url).set(database=name).render_as_string(hide_password=False))
 
 
+def _next_redis_db() -> int:
+    """15, 14, ... 4, then round again. Kept in the environment, not in this module: pytest imports
+    this file twice (as `conftest` and as `tests.conftest`), and both copies must share the count."""
+    db = int(os.environ.get("TUNEDECK_TEST_NEXT_REDIS_DB", "15"))
+    os.environ["TUNEDECK_TEST_NEXT_REDIS_DB"] = str(db - 1 if db > 4 else 15)
+    return db
+
+
+def _redis_db(url: str, db: int) -> str:
+    base, _, _ = url.rstrip("/").rpartition("/") if url.rstrip("/").rsplit("/", 1)[-1].isdigit() else (url, "", "")
+    return f"{base.rstrip('/')}/{db}"
+
+
 def _flush_redis(url: str) -> None:
     import redis
 
@@ -102,8 +115,10 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     if os.environ.get("TUNEDECK_TEST_DATABASE_URL") and not (extra_env or {}).get("TUNEDECK_DATABASE_URL"):
         env["TUNEDECK_DATABASE_URL"] = _fresh_postgres(os.environ["TUNEDECK_TEST_DATABASE_URL"])
     if os.environ.get("TUNEDECK_TEST_BROKER_URL"):
-        _flush_redis(os.environ["TUNEDECK_TEST_BROKER_URL"])
-        env["TUNEDECK_BROKER_URL"] = os.environ["TUNEDECK_TEST_BROKER_URL"]
+        # A Redis database of its own: servers alive at the same time must not take each other's tasks.
+        url = _redis_db(os.environ["TUNEDECK_TEST_BROKER_URL"], _next_redis_db())
+        _flush_redis(url)
+        env["TUNEDECK_BROKER_URL"] = url
     env.update(extra_env or {})  # a restart passes its first start's database here
     env = {k: v for k, v in env.items() if not (k in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL") and not v)}
     password, token = env["TUNEDECK_ADMIN_PASSWORD"], env["TUNEDECK_ADMIN_TOKEN"]
