@@ -120,7 +120,7 @@ class DBReporter:
 
     def phase(self, name: str) -> None:
         self.flush()
-        self._stop = runs.heartbeat(self.session, self.run, phase=name)
+        self._stop = self._stop or runs.heartbeat(self.session, self.run, phase=name)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         if self._first_step is None:

@@ -38,6 +38,7 @@ def invalid_dataset(server, api) -> str:
         ({"dataset_id": "ds-doesnotexist"}, ["body", "dataset_id"]),
         ({"base_model": "llama-9"}, ["body", "base_model"]),
         ({"pool": "nowhere"}, ["body", "pool"]),
+        ({"config": {"quantization": "nf4"}}, ["body", "config", "quantization"]),
     ],
 )
 def test_bad_config_names_the_field_and_queues_nothing(api, ready_dataset, body, loc):
