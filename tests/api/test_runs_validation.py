@@ -72,3 +72,16 @@ def test_openai_create_names_the_field(server, ready_dataset):
         )
     with pytest.raises(openai.UnprocessableEntityError, match="model"):
         client.fine_tuning.jobs.create(model="gpt-4o", training_file=ready_dataset)
+
+
+def test_a_dataset_used_by_a_run_cannot_be_deleted(server, api):
+    dataset = wait_dataset(server, api, upload(api, "used.jsonl", CHAT).json()["id"])["id"]
+    run = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": {"max_steps": 1}}).json()
+    api.post(f"/api/v1/runs/{run['id']}/cancel")
+    r = api.delete(f"/api/v1/datasets/{dataset}")
+    assert r.status_code == 409 and "used by a run" in r.json()["detail"]
+    assert api.get(f"/api/v1/datasets/{dataset}").status_code == 200
+    assert (server.data_dir / "storage" / "datasets" / dataset / "data").exists()
+    r = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    with pytest.raises(openai.ConflictError):
+        r.files.delete(dataset)
