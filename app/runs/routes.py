@@ -32,10 +32,10 @@ def get_or_404(session, user, run_id: str) -> Run:
 
 
 @router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED)
-def create_run(data: RunCreate, session: SessionDep, user: CurrentUser) -> Run:
+def create_run(data: RunCreate, session: SessionDep, user: CurrentUser) -> RunPublic:
     """Launch a LoRA fine-tune. Bad requests get 422 naming the field, and nothing is queued."""
     try:
-        return service.create(session, user, data)
+        return service.to_public(session, service.create(session, user, data))
     except service.RunInvalid as exc:
         raise unprocessable(exc) from exc
 
@@ -119,25 +119,23 @@ def run_events(run_id: str, session: SessionDep, user: CurrentUser, limit: Annot
     }
 
 
-@router.post("/{run_id}/cancel", response_model=RunPublic)
-def cancel_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
+def _act(action, run_id: str, session, user) -> RunPublic:
     try:
-        return service.cancel(session, get_or_404(session, user, run_id))
+        return service.to_public(session, action(session, get_or_404(session, user, run_id)))
     except service.StateError as exc:
         raise conflict(exc) from exc
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic)
+def cancel_run(run_id: str, session: SessionDep, user: CurrentUser) -> RunPublic:
+    return _act(service.cancel, run_id, session, user)
 
 
 @router.post("/{run_id}/pause", response_model=RunPublic)
-def pause_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
-    try:
-        return service.pause(session, get_or_404(session, user, run_id))
-    except service.StateError as exc:
-        raise conflict(exc) from exc
+def pause_run(run_id: str, session: SessionDep, user: CurrentUser) -> RunPublic:
+    return _act(service.pause, run_id, session, user)
 
 
 @router.post("/{run_id}/resume", response_model=RunPublic)
-def resume_run(run_id: str, session: SessionDep, user: CurrentUser) -> Run:
-    try:
-        return service.resume(session, get_or_404(session, user, run_id))
-    except service.StateError as exc:
-        raise conflict(exc) from exc
+def resume_run(run_id: str, session: SessionDep, user: CurrentUser) -> RunPublic:
+    return _act(service.resume, run_id, session, user)

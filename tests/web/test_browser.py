@@ -8,7 +8,6 @@ import re
 import uuid
 
 import httpx
-import pytest
 from playwright.sync_api import Page, expect
 
 from tests.conftest import ARTIFACTS, upload, wait_dataset
@@ -85,18 +84,6 @@ def dataset_id_from(url: str) -> str:
 
 
 DATASET_PAGE = re.compile(r".*/datasets/[^/?#]+$")
-
-
-@pytest.fixture(autouse=True)
-def no_uncaught_js_errors(request):
-    """Fail a test whose pages threw an uncaught JavaScript exception."""
-    if "page" not in request.fixturenames:
-        yield
-        return
-    errors: list[str] = []
-    request.getfixturevalue("page").on("pageerror", lambda exc: errors.append(str(exc)))
-    yield
-    assert not errors, f"uncaught JavaScript errors: {errors}"
 
 
 # ---------- tests ----------

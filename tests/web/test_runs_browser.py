@@ -25,18 +25,6 @@ TINY = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "eval_every_steps":
 _launched: dict[str, str] = {}
 
 
-@pytest.fixture(autouse=True)
-def no_uncaught_js_errors(request):
-    """Fail a test whose pages threw an uncaught JavaScript exception."""
-    if "page" not in request.fixturenames:
-        yield
-        return
-    errors: list[str] = []
-    request.getfixturevalue("page").on("pageerror", lambda exc: errors.append(str(exc)))
-    yield
-    assert not errors, f"uncaught JavaScript errors: {errors}"
-
-
 @pytest.fixture(scope="module")
 def demo_dataset(server) -> dict:
     """The demo dataset, imported through the API and validated."""
