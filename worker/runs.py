@@ -9,6 +9,7 @@ beats the run's heartbeat, and when the user cancels or pauses, gives the traini
 """
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -175,40 +176,25 @@ def train_process(run_id: str, attempt: int) -> int:
             create_tiny_gemma4(base)
         dataset = session.get(Dataset, run.dataset_id)
         validation = session.get(Dataset, run.validation_dataset_id) if run.validation_dataset_id else None
+        # Config fields the engine shares with the API pass through by name; the rest is derived here.
+        shared = {f.name: cfg[f.name] for f in dataclasses.fields(TrainSpec) if f.name in cfg}
         spec = TrainSpec(
-            base_model_dir=str(base),
-            preset=run.base_model,
-            dataset_path=str(datasets.file_path(dataset)),
-            dataset_filename=dataset.filename,
-            file_type=dataset.file_type,
-            fmt=dataset.format,
-            validation_path=str(datasets.file_path(validation)) if validation else None,
-            validation_filename=validation.filename if validation else None,
-            validation_fraction=0.0 if validation else cfg["validation_fraction"],
-            output_dir=str(run_dir(run_id)),
-            lora_rank=cfg["lora_rank"],
-            lora_alpha=cfg["lora_alpha"],
-            lora_dropout=cfg["lora_dropout"],
-            target_modules=tuple(cfg["target_modules"]),
-            learning_rate=cfg["learning_rate"],
-            lr_schedule=cfg["lr_schedule"],
-            warmup_steps=cfg["warmup_steps"],
-            epochs=cfg["epochs"],
-            max_steps=cfg["max_steps"],
-            batch_size=cfg["batch_size"] // cfg["grad_accum_steps"],  # the engine counts rows per micro-batch
-            grad_accum_steps=cfg["grad_accum_steps"],
-            max_seq_len=cfg["max_seq_len"],
-            packing=cfg["packing"],
-            assistant_only_loss=cfg["assistant_only_loss"],
-            seed=cfg["seed"],
-            eval_every_steps=cfg["eval_every_steps"],
-            checkpoint_every_steps=cfg["checkpoint_every_steps"],
-            checkpoints_kept=cfg["checkpoints_kept"],
-            mesh_fsdp=cfg["mesh_fsdp"],
-            mesh_tp=cfg["mesh_tp"],
-            remat=cfg["remat"],
-            dtype=cfg["dtype"],
-            quantization=cfg["quantization"],
+            **{
+                **shared,
+                "base_model_dir": str(base),
+                "preset": run.base_model,
+                "dataset_path": str(datasets.file_path(dataset)),
+                "dataset_filename": dataset.filename,
+                "file_type": dataset.file_type,
+                "fmt": dataset.format,
+                "validation_path": str(datasets.file_path(validation)) if validation else None,
+                "validation_filename": validation.filename if validation else None,
+                "validation_fraction": 0.0 if validation else cfg["validation_fraction"],
+                "output_dir": str(run_dir(run_id)),
+                # The API's batch_size is the global batch per optimizer step; the engine's is per micro-batch.
+                "batch_size": cfg["batch_size"] // cfg["grad_accum_steps"],
+                "target_modules": tuple(cfg["target_modules"]),
+            }
         )
         reporter = DBReporter(session, run, attempt)
         try:

@@ -918,6 +918,24 @@ def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, 
 # ---------------------------------------------------------------------------------------------
 
 
+def _resolve_kind(path: str, filename: str, file_type: str | None, fmt: str | None) -> tuple[str, str | None]:
+    """Check the overrides, then detect what they leave open: the file type from the name and head,
+    and for JSONL the format from the first record (None when the file has no records). CSV and
+    Parquet formats are detected by their scanners, from the header."""
+    if file_type is not None and file_type not in FILE_TYPES:
+        raise DatasetFormatError(
+            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
+        )
+    if fmt is not None and fmt not in FORMATS:
+        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if file_type is None:
+        with open(path, "rb") as f:
+            file_type = detect_file_type(filename, f.read(_HEAD))
+    if file_type == "jsonl" and fmt is None:
+        fmt = _detect_jsonl_format(path, filename)
+    return file_type, fmt
+
+
 def validate_file(
     path: str | os.PathLike,
     filename: str,
@@ -933,20 +951,8 @@ def validate_file(
     ``progress(done_bytes, total_bytes)`` is called at most every 0.25 s and once at the end.
     """
     path = os.fspath(path)
-    if file_type is not None and file_type not in FILE_TYPES:
-        raise DatasetFormatError(
-            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
-        )
-    if fmt is not None and fmt not in FORMATS:
-        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     total = os.path.getsize(path)
-    if file_type is None:
-        with open(path, "rb") as f:
-            head = f.read(_HEAD)
-        file_type = detect_file_type(filename, head)
-
-    if file_type == "jsonl" and fmt is None:
-        fmt = _detect_jsonl_format(path, filename)
+    file_type, fmt = _resolve_kind(path, filename, file_type, fmt)
     acc = _Accumulator(fmt)
     prog = _Progress(progress, total)
     if file_type == "jsonl":
@@ -1097,19 +1103,8 @@ def iter_conversations(
     are skipped. ``file_type`` / ``fmt`` None means auto-detect (DatasetFormatError as in validate_file).
     """
     path = os.fspath(path)
-    if file_type is not None and file_type not in FILE_TYPES:
-        raise DatasetFormatError(
-            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
-        )
-    if fmt is not None and fmt not in FORMATS:
-        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    if file_type is None:
-        with open(path, "rb") as f:
-            head = f.read(_HEAD)
-        file_type = detect_file_type(filename, head)
+    file_type, fmt = _resolve_kind(path, filename, file_type, fmt)
     if file_type == "jsonl":
-        if fmt is None:
-            fmt = _detect_jsonl_format(path, filename)
         if fmt is None:  # no records
             return iter(())
         return _iter_jsonl(path, fmt)
