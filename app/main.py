@@ -14,6 +14,7 @@ from starlette.middleware.sessions import SessionMiddleware
 
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
+from app.base_models import routes as base_model_routes
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
@@ -70,6 +71,7 @@ def create_app() -> FastAPI:
         dataset_routes,
         dataset_openai_routes,
         pool_routes,
+        base_model_routes,
         run_routes,
         run_openai_routes,
         auth_pages,

@@ -1,8 +1,20 @@
 """Every table, imported in one place so that migrations see the whole schema."""
 
 from app.auth.models import ApiToken, User
+from app.base_models.models import RegisteredModel
 from app.datasets.models import Dataset
 from app.pools.models import Pool, WorkerHost
 from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
-__all__ = ["ApiToken", "Dataset", "Pool", "Run", "RunCheckpoint", "RunEvent", "RunMetric", "User", "WorkerHost"]
+__all__ = [
+    "ApiToken",
+    "Dataset",
+    "Pool",
+    "RegisteredModel",
+    "Run",
+    "RunCheckpoint",
+    "RunEvent",
+    "RunMetric",
+    "User",
+    "WorkerHost",
+]

@@ -16,9 +16,12 @@ _heartbeat: Heartbeat | None = None
 
 
 @signals.worker_process_init.connect
-def _fresh_connections(**_):
+def _init_process(**_):
     # A forked child must not share the parent's pooled DB connections.
     reset_engine()
+    from worker.runs import Standby
+
+    Standby.start()  # the first run this process takes starts training without waiting on imports
 
 
 @signals.worker_ready.connect

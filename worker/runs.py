@@ -5,7 +5,11 @@ and a run that crashes (or runs out of memory) must not take the worker down. Th
 beats the run's heartbeat, and when the user cancels or pauses, gives the training process
 `STOP_GRACE_S` to checkpoint and stop by itself before it is killed.
 
-    python -m worker.runs RUN_ID ATTEMPT     # the training process (started by `execute`)
+Importing JAX, Tunix and Qwix takes seconds, so each worker process keeps one training process
+on standby, imports done, that takes the next run from its stdin (`Standby`); the next standby
+starts when that run ends, so it never competes with a run for the CPU.
+
+    python -m worker.runs --standby     # a training process, waiting for "RUN_ID ATTEMPT LOG_PATH"
 """
 
 import ctypes
@@ -18,12 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+from app.base_models import service as base_models
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.runs import service as runs
 from app.runs.models import Run
+from worker.model_cache import cached_copy
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,24 @@ def run_dir(run_id: str) -> Path:
     return get_settings().data_dir / "runs" / run_id
 
 
-def base_model_dir(name: str) -> Path:
-    return get_settings().data_dir / "models" / name
+def base_model_dir(session, run: Run) -> tuple[Path, str]:
+    """The local HF checkpoint directory of the run's base model, and the preset to check it against.
+    Presets live under ``<data dir>/models/<name>`` (``tiny-gemma4`` is made there on first use);
+    registered sources are a local directory, or a URL copied to this host once."""
+    from worker.training.tiny import create_tiny_gemma4
+
+    preset, row = base_models.resolve(session, run.base_model)
+    models_dir = get_settings().data_dir / "models"
+    if row is None:
+        path = models_dir / preset.name
+        if preset.local:
+            create_tiny_gemma4(path)
+        return path, preset.name
+    if "://" not in row.source:
+        return Path(row.source), preset.name
+    return cached_copy(
+        row.source, models_dir / "cache", row.name, lambda line: runs.log(session, run, line)
+    ), preset.name
 
 
 def execute(run_id: str, worker: str) -> None:
@@ -49,14 +71,8 @@ def execute(run_id: str, worker: str) -> None:
         out = run_dir(run_id)
         out.mkdir(parents=True, exist_ok=True)
         log_path = out / f"attempt-{attempt}.log"
-        with open(log_path, "ab") as log_file:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "worker.runs", run_id, str(attempt)],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        child = Standby.take(run_id, attempt, log_path)
+        try:
             stop_since: float | None = None
             while child.poll() is None:
                 time.sleep(HEARTBEAT_S if stop_since is None else 0.2)
@@ -68,9 +84,41 @@ def execute(run_id: str, worker: str) -> None:
                     if runs.is_current(session, run, attempt):
                         runs.finish(session, run, stopped_by=stop)
                     return
-        if runs.is_current(session, run, attempt) and run.status == "running":
-            # The process died without recording an outcome.
-            runs.fail(session, run, _crash_reason(child.returncode, log_path))
+            if runs.is_current(session, run, attempt) and run.status == "running":
+                # The process died without recording an outcome.
+                runs.fail(session, run, _crash_reason(child.returncode, log_path))
+        finally:
+            Standby.start()
+
+
+class Standby:
+    """This worker process's training process on standby (see the module docstring)."""
+
+    proc: subprocess.Popen | None = None
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker.runs", "--standby"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    @classmethod
+    def take(cls, run_id: str, attempt: int, log_path: Path) -> subprocess.Popen:
+        """The standby process, now training this run (a fresh one if there was none)."""
+        cls.start()
+        proc, cls.proc = cls.proc, None
+        try:
+            proc.stdin.write(f"{run_id} {attempt} {log_path}\n".encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # it died since start() looked: its exit code says why, as a crash would
+            pass
+        return proc
 
 
 def _die_with_parent() -> None:
@@ -115,7 +163,7 @@ class DBReporter:
         self._flushed = time.monotonic()
         self._polled = 0.0
         self._stop: str | None = None
-        self._last: dict[str, float] = {}
+        self._last: tuple[int, dict[str, float]] = (0, {})  # the latest step and its values
         self._first_step: int | None = None
         self._supervisor = os.getppid()
 
@@ -130,7 +178,8 @@ class DBReporter:
                 runs.rewind(self.session, self.run, step - 1)
         values = {k: float(v) for k, v in values.items()}
         self._pending.append((step, values))
-        self._last = {**self._last, **values}  # a checkpoint carries the latest loss and eval loss
+        last_step, last = self._last
+        self._last = (step, {**last, **values} if step == last_step else values)
         if time.monotonic() - self._flushed >= self.FLUSH_S:
             self.flush()
 
@@ -139,9 +188,11 @@ class DBReporter:
         self._pending = []
         self._flushed = time.monotonic()
 
-    def checkpoint(self, step: int, path: str) -> None:
+    def checkpoint(self, step: int, path: str, kept: list[int]) -> None:
         self.flush()
-        runs.record_checkpoint(self.session, self.run, step, path, self._last)
+        last_step, values = self._last
+        # The step's train metrics; its eval loss, measured after the save, is added when it comes.
+        runs.record_checkpoint(self.session, self.run, step, path, values if last_step == step else {}, kept)
 
     def log(self, line: str) -> None:
         runs.log(self.session, self.run, line)
@@ -163,42 +214,45 @@ class DBReporter:
         return self._stop
 
 
+def build_spec(session, run: Run):
+    """The engine's TrainSpec for a run: its config, files and base model, resolved on this host."""
+    from worker.training.engine import TrainSpec
+
+    cfg = run.config
+    dataset = session.get(Dataset, run.dataset_id)
+    validation = session.get(Dataset, run.validation_dataset_id) if run.validation_dataset_id else None
+    base, preset = base_model_dir(session, run)
+    # Config fields the engine shares with the API pass through by name; the rest is derived here.
+    shared = {f.name: cfg[f.name] for f in dataclasses.fields(TrainSpec) if f.name in cfg}
+    return TrainSpec(
+        **{
+            **shared,
+            "base_model_dir": str(base),
+            "preset": preset,
+            "dataset_path": str(datasets.file_path(dataset)),
+            "dataset_filename": dataset.filename,
+            "file_type": dataset.file_type,
+            "fmt": dataset.format,
+            "validation_path": str(datasets.file_path(validation)) if validation else None,
+            "validation_filename": validation.filename if validation else None,
+            "validation_fraction": 0.0 if validation else cfg["validation_fraction"],
+            "output_dir": str(run_dir(run.id)),
+            # The API's batch_size is the global batch per optimizer step; the engine's is per micro-batch.
+            "batch_size": cfg["batch_size"] // cfg["grad_accum_steps"],
+            "target_modules": tuple(cfg["target_modules"]),
+        }
+    )
+
+
 def train_process(run_id: str, attempt: int) -> int:
     """The training process: build the spec from the run's rows, train, record the outcome."""
-    from worker.training.engine import TrainSpec, train
-    from worker.training.tiny import create_tiny_gemma4
+    from worker.training.engine import train
 
     with session_scope() as session:
         run = session.get(Run, run_id)
-        cfg = run.config
-        base = base_model_dir(run.base_model)
-        if run.base_model == "tiny-gemma4":
-            create_tiny_gemma4(base)
-        dataset = session.get(Dataset, run.dataset_id)
-        validation = session.get(Dataset, run.validation_dataset_id) if run.validation_dataset_id else None
-        # Config fields the engine shares with the API pass through by name; the rest is derived here.
-        shared = {f.name: cfg[f.name] for f in dataclasses.fields(TrainSpec) if f.name in cfg}
-        spec = TrainSpec(
-            **{
-                **shared,
-                "base_model_dir": str(base),
-                "preset": run.base_model,
-                "dataset_path": str(datasets.file_path(dataset)),
-                "dataset_filename": dataset.filename,
-                "file_type": dataset.file_type,
-                "fmt": dataset.format,
-                "validation_path": str(datasets.file_path(validation)) if validation else None,
-                "validation_filename": validation.filename if validation else None,
-                "validation_fraction": 0.0 if validation else cfg["validation_fraction"],
-                "output_dir": str(run_dir(run_id)),
-                # The API's batch_size is the global batch per optimizer step; the engine's is per micro-batch.
-                "batch_size": cfg["batch_size"] // cfg["grad_accum_steps"],
-                "target_modules": tuple(cfg["target_modules"]),
-            }
-        )
         reporter = DBReporter(session, run, attempt)
         try:
-            result = train(spec, reporter)
+            result = train(build_spec(session, run), reporter)
         except Exception as exc:
             log.exception("training failed")
             reporter.flush()
@@ -212,6 +266,21 @@ def train_process(run_id: str, attempt: int) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def standby() -> int:
+    """The standby process: import the trainer, wait for a run, log to its file, train it."""
+    import worker.training.engine  # noqa: F401 - the slow imports, done ahead of time
+
+    line = sys.stdin.readline()
+    if not line.strip():  # the worker went away without giving us a run
+        return 0
+    run_id, attempt, log_path = line.rstrip("\n").split(" ", 2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
     logging.basicConfig(level=logging.INFO)
-    sys.exit(train_process(sys.argv[1], int(sys.argv[2])))
+    return train_process(run_id, int(attempt))
+
+
+if __name__ == "__main__":
+    sys.exit(standby())

@@ -9,8 +9,8 @@ per layer plus one layer's worth with block remat.
 
 from dataclasses import asdict, dataclass
 
+from app.base_models.presets import BaseModel, lora_params
 from app.pools.models import Pool
-from app.runs.base_models import BaseModel, lora_params
 from app.runs.models import RunConfig
 
 GiB = 1024**3

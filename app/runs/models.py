@@ -6,8 +6,8 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import AutoString, Field, SQLModel
 
+from app.base_models.presets import HF_TARGET_MODULES
 from app.core.db import utcnow
-from app.runs.base_models import HF_TARGET_MODULES
 
 
 class RunStatus(StrEnum):

@@ -2,6 +2,8 @@
 
 from fastapi import APIRouter, HTTPException, Request, status
 
+from app.base_models import service as base_models
+from app.base_models.presets import HF_TARGET_MODULES
 from app.core.deps import SessionDep, WebUser
 from app.core.routing import Route
 from app.core.templating import render
@@ -9,7 +11,6 @@ from app.datasets import service as datasets
 from app.datasets.models import DatasetStatus
 from app.pools import service as pools
 from app.runs import service
-from app.runs.base_models import BASE_MODELS, HF_TARGET_MODULES
 from app.runs.models import RunConfig
 
 router = APIRouter(route_class=Route, include_in_schema=False)
@@ -30,7 +31,7 @@ def new_run_page(request: Request, session: SessionDep, user: WebUser, dataset: 
         user,
         datasets=ready,
         selected_dataset=dataset,
-        base_models=list(BASE_MODELS.values()),
+        base_models=base_models.list_models(session),
         pools=pools.list_pools(session),
         defaults=RunConfig().model_dump(),
         target_modules=HF_TARGET_MODULES,

@@ -13,6 +13,7 @@ from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
 from app.auth.models import User
+from app.base_models import service as base_models
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import utcnow
@@ -20,7 +21,6 @@ from app.core.security import new_id
 from app.datasets import service as datasets
 from app.datasets.models import Dataset, DatasetStatus
 from app.pools.models import Pool
-from app.runs.base_models import BASE_MODELS
 from app.runs.estimate import Estimate, estimate
 from app.runs.models import (
     TERMINAL,
@@ -77,9 +77,10 @@ def resolve_mesh(config: RunConfig, pool: Pool) -> tuple[int, int]:
 
 def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Dataset]]:
     """Everything about a request that needs the database or the base model; raises RunInvalid."""
-    base = BASE_MODELS.get(data.base_model)
-    if base is None:
-        raise RunInvalid(("base_model",), f"unknown base model {data.base_model!r}; one of {', '.join(BASE_MODELS)}")
+    try:
+        base, _ = base_models.resolve(session, data.base_model)
+    except base_models.BaseModelError as exc:
+        raise RunInvalid((exc.field,), str(exc)) from exc
     pool = session.get(Pool, data.pool)
     if pool is None:
         raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")
@@ -98,7 +99,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
     sharded = {
         "attention heads": arch.num_heads,
         "KV heads": arch.num_kv_heads,
-        "global KV heads": arch.num_global_kv_heads,
+        "global KV heads": arch.global_kv_heads,
         "vocabulary": arch.vocab_size,
         "MLP width": arch.ffn_dim,
     }
@@ -125,7 +126,7 @@ def preflight(session: Session, owner: User, data: RunCreate) -> Estimate:
     pool, used = check(session, owner, data)
     fsdp, tp = resolve_mesh(data.config, pool)
     tokens = used[0].stats.get("tokens_total") if used[0].stats else None
-    return estimate(BASE_MODELS[data.base_model], data.config, pool, fsdp, tp, tokens)
+    return estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, tokens)
 
 
 def cost_usd(session: Session, run: Run) -> float:
@@ -364,6 +365,12 @@ def rewind(session: Session, run: Run, step: int) -> None:
 def record_metrics(session: Session, run: Run, rows: list[tuple[int, dict[str, float]]]) -> None:
     for step, values in rows:
         session.add(RunMetric(run_id=run.id, step=step, values=values))
+    evals = {step: values["eval_loss"] for step, values in rows if "eval_loss" in values}
+    if evals:  # a step's evaluation runs after its checkpoint is saved: complete the checkpoint's metrics
+        query = select(RunCheckpoint).where(RunCheckpoint.run_id == run.id, RunCheckpoint.step.in_(list(evals)))
+        for ckpt in session.exec(query):
+            ckpt.metrics = {**ckpt.metrics, "eval_loss": evals[ckpt.step]}
+            session.add(ckpt)
     if rows:
         run.step = max(run.step, max(step for step, _ in rows))
         run.updated_at = utcnow()
@@ -371,11 +378,26 @@ def record_metrics(session: Session, run: Run, rows: list[tuple[int, dict[str, f
     session.commit()
 
 
-def record_checkpoint(session: Session, run: Run, step: int, path: str, values: dict[str, float]) -> None:
-    if session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id, RunCheckpoint.step == step)).first():
-        return
-    session.add(RunCheckpoint(run_id=run.id, step=step, path=path, metrics=values))
-    event(session, run, f"checkpoint saved at step {step}")
+def record_checkpoint(
+    session: Session, run: Run, step: int, path: str, values: dict[str, float], kept: list[int]
+) -> None:
+    """A checkpoint was saved at ``step``; ``kept`` are the steps still on disk (older ones were pruned
+    to honour ``checkpoints_kept``): the list shows what can still be resumed from or merged."""
+    rows = session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id)).all()
+    if not any(c.step == step for c in rows):
+        session.add(RunCheckpoint(run_id=run.id, step=step, path=path, metrics=values))
+        event(session, run, f"checkpoint saved at step {step}")
+    pruned = sorted(c.step for c in rows if c.step not in kept and c.step != step)
+    for ckpt in rows:
+        if ckpt.step in pruned:
+            session.delete(ckpt)
+    if pruned:
+        steps = ", ".join(map(str, pruned))
+        event(
+            session,
+            run,
+            f"removed the checkpoint(s) at step {steps} (checkpoints_kept={run.config['checkpoints_kept']})",
+        )
     session.commit()
 
 

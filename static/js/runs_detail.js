@@ -206,8 +206,19 @@
       : first ? "started at " + R.fmtMetric(first.y) : "\u00a0";
     const tps = latest.tokens_per_s;
     $("stat-tps").textContent = tps ? fmtNum(tps.value, tps.value >= 100 ? 0 : 1) : "–";
+    const perChip = latest.tokens_per_s_per_chip;
+    const mfu = latest.mfu;
+    const tpsNotes = [];
+    if (perChip && perChip.value !== (tps && tps.value)) tpsNotes.push(fmtNum(perChip.value, 0) + " per chip");
+    if (mfu) tpsNotes.push("MFU " + (100 * mfu.value).toFixed(1) + "%");
+    $("stat-tps-note").textContent = tpsNotes.length ? tpsNotes.join(" · ") : "latest step";
+    $("stat-tps-note").title = mfu ? "model FLOPs utilisation against the chip's bf16 peak" : "";
     const st = latest.step_time_s;
     $("stat-step-time").textContent = st ? R.fmtDuration(st.value) : "–";
+    const mem = latest.memory_gb || latest.host_rss_gb;
+    $("stat-step-time-note").textContent = mem
+      ? (latest.memory_gb ? "device memory " : "host memory ") + mem.value.toFixed(2) + " GB peak"
+      : "latest step";
     $("stat-cost").textContent = R.fmtUSD(run.cost_usd);
     $("stat-cost-note").textContent = "on pool " + run.pool;
   }

@@ -207,8 +207,9 @@
     if (!opt) { info.textContent = ""; return; }
     info.replaceChildren(
       opt.dataset.description || "",
-      el("span", { className: "faint" }, " · " + opt.dataset.layers + " layers, d_model " + fmtNum(Number(opt.dataset.dModel))),
-      opt.dataset.local === "true" ? el("span", { className: "tag tag-green" }, "local") : null,
+      el("span", { className: "faint" }, " · " + fmtCompact(Number(opt.dataset.params)) + " parameters"
+        + (opt.dataset.preset !== opt.value ? " · preset " + opt.dataset.preset : "")),
+      el("div", { className: "faint mono" }, opt.dataset.source),
     );
     renderModelName();
   }

@@ -39,17 +39,25 @@ def steps_of(client, run_id: str) -> list[int]:
 
 def test_run_trains_and_succeeds(server, api):
     dataset = demo_dataset(server, api)
-    r = api.post("/api/v1/runs", json={"base_model": "tiny-gemma4", "dataset_id": dataset, "config": SMALL})
+    config = {**SMALL, "checkpoints_kept": 2}
+    r = api.post("/api/v1/runs", json={"base_model": "tiny-gemma4", "dataset_id": dataset, "config": config})
     assert r.status_code == 201, r.text
     run = wait_run(server, api, r.json()["id"])
     assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
     assert steps_of(api, run["id"]) == list(range(1, 31))
-    losses = [p["loss"] for p in api.get(f"/api/v1/runs/{run['id']}/metrics").json()["data"] if "loss" in p]
+    points = api.get(f"/api/v1/runs/{run['id']}/metrics").json()["data"]
+    losses = [p["loss"] for p in points if "loss" in p]
     assert losses[-1] < 0.7 * losses[0], losses
-    assert [c["step"] for c in api.get(f"/api/v1/runs/{run['id']}/checkpoints").json()["data"]] == [10, 20, 30]
+    assert all(p["tokens_per_s_per_chip"] > 0 and p["host_rss_gb"] > 0 for p in points if "loss" in p)
+    # Saved at 10, 20, 30; Orbax kept the last 2, and the list shows what is on disk.
+    ckpts = api.get(f"/api/v1/runs/{run['id']}/checkpoints").json()["data"]
+    assert [c["step"] for c in ckpts] == [20, 30]
+    for c in ckpts:  # each carries its own step's loss and the eval loss measured at that step
+        at_step = {k: v for p in points if p["step"] == c["step"] for k, v in p.items() if k != "step"}
+        assert c["metrics"]["loss"] == at_step["loss"] and c["metrics"]["eval_loss"] == at_step["eval_loss"]
     assert run["fine_tuned_model"].startswith("ft:tiny-gemma4:")
     messages = [e["message"] for e in api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]]
-    for phase in ("phase: loading", "phase: training", "succeeded"):
+    for phase in ("phase: loading", "phase: training", "removed the checkpoint(s) at step 10", "succeeded"):
         assert any(m.startswith(phase) for m in messages), messages
 
 

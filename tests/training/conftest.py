@@ -58,8 +58,8 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 class RecordingReporter:
-    """A Reporter that records everything; ``stop_after`` makes should_stop() return True once the
-    metrics of that step have been reported."""
+    """A Reporter that records everything; ``stop_after`` makes should_stop() return True when asked
+    before step ``stop_after + 1`` of a fresh run (the engine asks once before each optimizer step)."""
 
     def __init__(self, stop_after: int | None = None) -> None:
         self.events: list[tuple] = []
@@ -72,15 +72,15 @@ class RecordingReporter:
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self.events.append(("metrics", step, dict(values)))
 
-    def checkpoint(self, step: int, path: str) -> None:
-        self.events.append(("checkpoint", step, path))
+    def checkpoint(self, step: int, path: str, kept: list[int]) -> None:
+        self.events.append(("checkpoint", step, path, list(kept)))
 
     def log(self, line: str) -> None:
         self.events.append(("log", line))
 
     def should_stop(self) -> bool:
         self.polls += 1
-        return self.stop_after is not None and any(s >= self.stop_after for s in self.train_steps)
+        return self.stop_after is not None and self.polls > self.stop_after
 
     # -- views ---------------------------------------------------------------------------------
     @property

@@ -16,7 +16,17 @@ import pytest
 from worker.training import engine
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_KEYS = {"loss", "perplexity", "grad_norm", "learning_rate", "step_time_s", "tokens_per_s"}
+# On CPU there is no known peak (no "mfu") and JAX reports no device memory (no "memory_gb").
+TRAIN_KEYS = {
+    "loss",
+    "perplexity",
+    "grad_norm",
+    "learning_rate",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_chip",
+    "host_rss_gb",
+}
 
 
 def ckpt_dirs(spec) -> list[int]:
@@ -43,6 +53,8 @@ def test_learns_and_reports_every_step(Recorder, make_spec):
         assert set(values) == TRAIN_KEYS, step
         assert all(math.isfinite(v) for v in values.values())
         assert values["step_time_s"] > 0 and values["tokens_per_s"] > 0
+        assert values["tokens_per_s_per_chip"] == values["tokens_per_s"]  # one CPU device
+        assert 0.1 < values["host_rss_gb"] < 16
         assert values["perplexity"] == pytest.approx(math.exp(values["loss"]))
     losses = [rep.train_metrics[s]["loss"] for s in range(1, 61)]
     assert np.mean(losses[-5:]) < 0.7 * losses[0], losses
@@ -53,6 +65,8 @@ def test_learns_and_reports_every_step(Recorder, make_spec):
     assert sorted(evals) == [0, 20, 40, 60] and evals[60] < 0.75 * evals[0]
     assert rep.checkpoints == [20, 40, 60]
     assert ckpt_dirs(spec) == [40, 60]  # checkpoints_kept=2
+    # Each save says which steps are still on disk, so the run's list can drop the pruned ones.
+    assert [e[3] for e in rep.events if e[0] == "checkpoint"] == [[20], [20, 40], [40, 60]]
     for step in (40, 60):
         assert {p.name for p in (Path(spec.output_dir) / "checkpoints" / str(step)).iterdir()} >= {
             "model_params",
@@ -151,7 +165,7 @@ class R:
     def phase(self, n): pass
     def metrics(self, s, v):
         if "loss" in v: self.steps[s] = v["loss"]
-    def checkpoint(self, s, p): pass
+    def checkpoint(self, s, p, kept): pass
     def log(self, l): pass
     def should_stop(self): return False
 r = R()
@@ -203,7 +217,9 @@ def test_apply_lora(make_spec, tiny_model):
     assert n == sum(x.size for x in leaves) == 13056  # rank 4 (26,112 at rank 8)
     assert all(x.dtype == jnp.float32 for x in leaves)
     assert model.layers[0].attn.q_einsum.w.value.dtype == jnp.bfloat16  # the base stays bf16
-    configs = [m.config for _, m in model.iter_modules() if isinstance(getattr(m, "config", None), models.ModelConfig)]
+    configs = [
+        m.config for _, m in nnx.iter_modules(model) if isinstance(getattr(m, "config", None), models.ModelConfig)
+    ]
     assert len(configs) > 5 and all(c.remat_config == models.RematConfig.BLOCK for c in configs)
     tokens = jnp.ones((2, 8), jnp.int32)
     mask = jnp.tril(jnp.ones((8, 8), bool))[None].repeat(2, axis=0)

@@ -161,6 +161,7 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == [20, 40, 60]
     expect(page.locator("#fine-tuned-model")).to_have_text(re.compile(rf"^ft:tiny-gemma4:capitals:{run_id}$"))
     expect(page.locator("#stat-step")).to_have_text("60")
+    expect(page.locator("#stat-step-time-note")).to_have_text(re.compile(r"^host memory \d+\.\d\d GB peak$"))
     expect(page.locator("#run-progress-bar")).to_have_class(re.compile(r"\bdone\b"))
     expect(page.locator("#events-table tbody tr").first).to_contain_text("succeeded", timeout=10_000)
     for button in ("#cancel-run", "#pause-run", "#resume-run"):

@@ -9,13 +9,13 @@ How it talks to Tunix (0.1.7), and why:
 
 - Per-step metrics come from a small ``PeftTrainer`` subclass whose train step also returns the
   loss and gradient norm as its aux output (``create_train_step_fn`` / ``_post_process_train_step``,
-  Tunix's documented override points). Tunix's own metric stream (``MetricsLogger``,
-  ``TrainingHooks.on_train_step_end``) reports step k only after step k+1 has been dispatched; this
-  engine reports step k as soon as it is done, before ``should_stop`` is polled for step k+1, so a
-  cancel after step k leaves a checkpoint at exactly k.
-- "Step k is done" is observed where the trainer calls ``checkpoint_manager.save(k)`` (it does so
-  after every optimizer step and lets the save policy decide): the engine wraps Tunix's checkpoint
-  manager, waits for step k's loss there, reports metrics, and reports checkpoints it actually saved.
+  Tunix's documented override points). Step k is reported once step k+1 has been dispatched (reading
+  the newest loss would make the host wait for the device every step), and at once before a
+  checkpoint, an evaluation and the end, so a checkpoint's row carries its own step's loss.
+- "Step k was dispatched" is observed where the trainer calls ``checkpoint_manager.save(k)`` (it does
+  so after every optimizer step and lets the save policy decide): the engine wraps Tunix's checkpoint
+  manager, reports metrics there, and reports checkpoints it actually saved, with the steps Orbax
+  still keeps (``max_to_keep`` prunes older ones).
 - Checkpoints land at exactly the configured steps: Orbax's default policy (what Tunix uses when no
   options are given) saves at most every 180 s, and ``CheckpointManagerOptions(save_interval_steps=N)``
   alone still adds Orbax's ``InitialSavePolicy`` (a save at the first step of a fresh run). So the
@@ -23,8 +23,9 @@ How it talks to Tunix (0.1.7), and why:
   saves (a reported checkpoint is on disk), and ``max_to_keep``. Tunix saves the last step on close.
 - Eval loss comes from ``TrainingHooks.on_eval_step_end`` (it gets the SUM of the batch losses; the
   engine divides by the batches counted in ``on_eval_step_start``, which is Tunix's own eval metric).
-- Stop/cancel: the training iterator polls ``reporter.should_stop()`` between optimizer steps and
-  ends when told to; Tunix then closes normally, which saves the last step's checkpoint.
+- Stop/cancel: the training iterator polls ``reporter.should_stop()`` before each optimizer step and
+  ends when told to; Tunix then closes normally, which saves the last dispatched step's checkpoint:
+  the run stops at exactly that step.
 - Resume: Tunix restores the latest checkpoint when the trainer is built and skips the batches
   already trained (it pulls them from the iterator and drops them; the engine hands it cheap
   placeholders for those). The data order is a pure function of the seed, so the same batches follow.
@@ -51,7 +52,7 @@ from tunix.sft import hooks as tunix_hooks
 from tunix.sft import peft_trainer
 from tunix.utils import mesh as mesh_lib
 
-from worker.training import data, models
+from worker.training import data, models, perf
 
 PHASES = ("loading", "compiling", "training", "evaluating", "checkpointing")
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -107,7 +108,7 @@ class Reporter(Protocol):
 
     def metrics(self, step: int, values: dict[str, float]) -> None: ...
 
-    def checkpoint(self, step: int, path: str) -> None: ...
+    def checkpoint(self, step: int, path: str, kept: list[int]) -> None: ...  # kept: the steps still on disk
 
     def log(self, line: str) -> None: ...
 
@@ -243,7 +244,7 @@ def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
         nnx.update(lora_model, jax.tree.map(lambda x: x.astype(jnp.float32), state))
     if spec.lora_dropout > 0:  # Qwix unsets its rngs after init; dropout needs a stream
         lora_model.set_attributes(qwix_rngs=nnx.Rngs(dropout=spec.seed + 1))
-    for _, module in lora_model.iter_modules():
+    for _, module in nnx.iter_modules(lora_model):
         config = getattr(module, "config", None)
         if isinstance(config, models.ModelConfig):
             config.remat_config = remat
@@ -286,11 +287,10 @@ class _Checkpoints:
         return self._inner.maybe_restore(*args, **kwargs)
 
     def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
-        self._run.step_ended(step)
-        if step <= 0:
-            return False
         orbax_manager = self._inner._checkpoint_manager
-        if orbax_manager is None or not (force or orbax_manager.should_save(step)):
+        saving = step > 0 and orbax_manager is not None and (force or orbax_manager.should_save(step))
+        self._run.step_ended(step, flush=saving)  # a checkpoint carries its step's metrics: report them first
+        if not saving:
             return False
         self._run.reporter.phase("checkpointing")
         t = time.perf_counter()
@@ -306,7 +306,7 @@ class _Checkpoints:
             orbax_manager.wait_until_finished()
             path = str(Path(self._run.checkpoint_dir) / str(step))
             self._run.reporter.log(f"checkpoint at step {step}: {path} ({time.perf_counter() - t:.2f} s)")
-            self._run.reporter.checkpoint(step, path)
+            self._run.reporter.checkpoint(step, path, sorted(orbax_manager.all_steps()))
         if not force:  # force: the final save, when Tunix closes
             self._run.back_to_training()
         return saved
@@ -334,6 +334,7 @@ class _Hooks(tunix_hooks.TrainingHooks):
 
     def on_eval_step_start(self, train_ctx):
         if self.eval_batches == 0:
+            self.run.flush()
             self.run.reporter.phase("evaluating")
             self.run.eval_started = time.perf_counter()
         self.eval_batches += 1
@@ -379,8 +380,10 @@ class _Run:
         self.checkpoint_dir = str(Path(spec.output_dir) / "checkpoints")
         self.trainer: _Trainer | None = None
         self.step_tokens = 0
-        self.step_started: float | None = None
+        self.step_started: float | None = None  # when the step's clock started: the previous step's end
         self.last_reported = 0
+        self.last_dispatched = 0
+        self.pending: list[tuple[int, list, int]] = []  # dispatched steps not reported yet
         self.first_step = None
         self.stopped_early = False
         self.last_loss = None
@@ -388,9 +391,20 @@ class _Run:
         self.eval_started = 0.0
         self.tokens_total = 0
         self.train_time = 0.0
+        self.chips = 1
+        self.flops_per_token = 0.0
+        self.peak_flops: float | None = None  # per chip; None where unknown (CPU): no MFU then
+        self.compile_clock = perf.CompileClock()
+
+    def measure(self, model, config: models.ModelConfig, mesh: jax.sharding.Mesh) -> None:
+        self.chips = mesh.devices.size
+        self.flops_per_token = perf.flops_per_token(model, config, self.spec.max_seq_len)
+        self.peak_flops = perf.peak_flops(mesh.devices.flat[0])
 
     def back_to_training(self) -> None:
+        """After an evaluation or a checkpoint: their time is not the next step's."""
         self.reporter.phase("training" if self.last_reported > (self.first_step or 0) else "compiling")
+        self.step_started = time.perf_counter()
 
     def batches(self, train: data.Batches, start_micro: int) -> Iterator:
         """Exactly total_steps * grad_accum micro-batches; the first ``start_micro`` (already trained,
@@ -415,22 +429,41 @@ class _Run:
                         self.reporter.log(f"stop requested: stopping after step {micro // accum}")
                         return
                     self.step_tokens = 0
-                    self.step_started = time.perf_counter()
+                    if self.step_started is None:
+                        self.step_started = time.perf_counter()
                 batch = train.make_batch(rows[b : b + train.batch_size])
                 self.step_tokens += data.count_tokens(batch, self.pad_id)[0]
                 micro += 1
                 yield batch
             epoch += 1
 
-    def step_ended(self, step: int) -> None:
-        """Report step ``step`` once: wait for its loss, time it, emit its metrics."""
+    def step_ended(self, step: int, *, flush: bool = False) -> None:
+        """Step ``step`` was dispatched. Its metrics are reported when the next step has been
+        dispatched too (reading a loss waits for its step; waiting on the newest one would stall
+        the pipeline, as Tunix's own metrics avoid too), or at once with ``flush``: before a
+        checkpoint, an evaluation, and at the end."""
         trainer = self.trainer
         outputs, trainer.step_outputs = trainer.step_outputs, []
-        if step <= self.last_reported or not outputs:
-            return
-        losses = [float(x) for x in jax.device_get([o["loss"] for o in outputs])]
-        norms = [float(x) for x in jax.device_get([o["grad_norm"] for o in outputs])]
-        elapsed = time.perf_counter() - (self.step_started or time.perf_counter())
+        if step > self.last_dispatched and outputs:
+            self.last_dispatched = step
+            self.pending.append((step, outputs, self.step_tokens))
+        while len(self.pending) > (0 if flush else 1):
+            self._report(*self.pending.pop(0))
+
+    def flush(self) -> None:
+        while self.pending:
+            self._report(*self.pending.pop(0))
+
+    def _report(self, step: int, outputs: list, tokens: int) -> None:
+        """Wait for the step's loss, time it, emit its metrics."""
+        fetched = jax.device_get([(o["loss"], o["grad_norm"]) for o in outputs])
+        losses = [float(loss) for loss, _ in fetched]
+        norms = [float(norm) for _, norm in fetched]
+        # Wall time since the previous step ended (everything between steps counts), so that
+        # tokens/s and steps/s are what the run really gets.
+        now = time.perf_counter()
+        elapsed = now - (self.step_started or now)
+        self.step_started = now
         loss = float(np.mean(losses))
         values = {
             "loss": loss,
@@ -446,16 +479,26 @@ class _Run:
                 )
             ),
             "step_time_s": elapsed,
-            "tokens_per_s": self.step_tokens / elapsed if elapsed > 0 else 0.0,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "host_rss_gb": perf.host_peak_rss_gb(),
         }
+        values["tokens_per_s_per_chip"] = values["tokens_per_s"] / self.chips
+        if self.peak_flops:
+            values["mfu"] = values["tokens_per_s_per_chip"] * self.flops_per_token / self.peak_flops
+        device_gb = perf.device_memory_gb()
+        if device_gb is not None:
+            values["memory_gb"] = device_gb
         first = self.last_reported == (self.first_step or 0)
         self.last_reported = step
         self.last_loss = loss
-        self.tokens_total += self.step_tokens
+        self.tokens_total += tokens
         self.train_time += elapsed
         self.reporter.metrics(step, values)
         if first:
-            self.reporter.log(f"first step (includes compiling the train step): {elapsed:.2f} s")
+            self.reporter.log(
+                f"first step (includes compiling the train step): {elapsed:.2f} s; "
+                f"JAX compile time so far: {self.compile_clock.seconds:.2f} s"
+            )
             self.reporter.phase("training")
 
 
@@ -560,11 +603,12 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
             data_sharding_axis=("fsdp",),
             pbar_description=None,
         )
+        run.measure(model, config, mesh)
         trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
         trainer.step_outputs = []
         run.trainer = trainer
         resumed = trainer.train_steps or None
-        run.first_step = run.last_reported = trainer.train_steps
+        run.first_step = run.last_reported = run.last_dispatched = trainer.train_steps
         if resumed:
             reporter.log(f"resumed from the checkpoint at step {resumed}")
         trainer.checkpoint_manager = _Checkpoints(trainer.checkpoint_manager, run)
@@ -575,6 +619,7 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
         if trainer.train_steps < total_steps:
             reporter.phase("compiling")
             trainer.train(run.batches(train_batches, trainer.iter_steps), eval_set if eval_set else None)
+            run.flush()
         else:
             reporter.log(f"nothing to do: already at step {trainer.train_steps} of {total_steps}")
             trainer.close()

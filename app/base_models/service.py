@@ -1,0 +1,147 @@
+"""Base models a run can start from: the presets, and sources in HF layout that admins register.
+
+A source is an absolute local directory or an fsspec URL (``gs://`` through gcsfs): what a TPU host
+reads its base model from. Registering one reads its ``config.json`` and lists its files, so a typo
+or a missing shard is a 422 naming the field now rather than a failed run later. The web process
+never imports JAX: the config is compared with the preset's architecture figures here, and the
+worker cross-checks it against Tunix's preset when it loads the model.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+import fsspec
+from sqlmodel import Session, select
+
+from app.auth.models import User
+from app.base_models.models import BaseModelPublic, RegisteredModel, RegisteredModelCreate
+from app.base_models.presets import BASE_MODELS, Architecture, BaseModel
+from app.runs.models import Run
+
+BUILTIN_SOURCE = "data dir: models/{name}"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+class BaseModelError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def resolve(session: Session, name: str) -> tuple[BaseModel, RegisteredModel | None]:
+    """The preset behind a base-model name, and its registered source (None for a preset itself)."""
+    if name in BASE_MODELS:
+        return BASE_MODELS[name], None
+    row = session.get(RegisteredModel, name)
+    if row is None:
+        known = [*BASE_MODELS, *session.exec(select(RegisteredModel.name)).all()]
+        raise BaseModelError("base_model", f"unknown base model {name!r}; one of {', '.join(known)}")
+    return BASE_MODELS[row.preset], row
+
+
+def _public(preset: BaseModel, row: RegisteredModel | None) -> BaseModelPublic:
+    if row is None:
+        return BaseModelPublic(
+            name=preset.name,
+            preset=preset.name,
+            source=BUILTIN_SOURCE.format(name=preset.name),
+            description=preset.description,
+            builtin=True,
+            params=preset.arch.params(),
+        )
+    return BaseModelPublic(
+        name=row.name,
+        preset=row.preset,
+        source=row.source,
+        description=row.description or preset.description,
+        builtin=False,
+        params=preset.arch.params(),
+        created_at=row.created_at,
+    )
+
+
+def list_models(session: Session) -> list[BaseModelPublic]:
+    rows = session.exec(select(RegisteredModel).order_by(RegisteredModel.name)).all()
+    return [_public(p, None) for p in BASE_MODELS.values()] + [_public(BASE_MODELS[r.preset], r) for r in rows]
+
+
+def get(session: Session, name: str) -> BaseModelPublic | None:
+    try:
+        return _public(*resolve(session, name))
+    except BaseModelError:
+        return None
+
+
+def _config_mismatches(config: dict, arch: Architecture) -> list[str]:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    expected = {
+        "num_hidden_layers": arch.num_layers,
+        "hidden_size": arch.d_model,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size,
+    }
+    return [f"{k} is {text.get(k)!r}, the preset has {v}" for k, v in expected.items() if text.get(k) != v]
+
+
+def check_source(source: str, preset: BaseModel) -> None:
+    """The source holds an HF Gemma 4 checkpoint of the preset's shape; raises BaseModelError('source')."""
+    if "://" not in source and not source.startswith("/"):
+        raise BaseModelError("source", "use an absolute directory (/models/gemma-4-31b) or a URL (gs://bucket/prefix)")
+    try:
+        fs, root = fsspec.core.url_to_fs(source)
+    except (ImportError, ValueError) as exc:  # e.g. gs:// without gcsfs installed
+        raise BaseModelError("source", f"cannot open {source}: {exc}") from exc
+    try:
+        names = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)}
+        if "config.json" not in names:
+            raise BaseModelError("source", f"{source} has no config.json: expected a Hugging Face checkpoint directory")
+        with fs.open(posixpath.join(root, "config.json"), "rb") as f:
+            config = json.load(f)
+    except FileNotFoundError as exc:
+        raise BaseModelError("source", f"{source} does not exist") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BaseModelError("source", f"cannot read {source}/config.json: {exc}") from exc
+    if not any(n.endswith(".safetensors") for n in names):
+        raise BaseModelError("source", f"{source} has no *.safetensors weights")
+    if not names & set(TOKENIZER_FILES):
+        raise BaseModelError("source", f"{source} has no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
+    if model_type not in ("gemma4", "gemma4_text"):
+        raise BaseModelError("source", f"{source}/config.json is model_type {model_type!r}, not Gemma 4")
+    wrong = _config_mismatches(config, preset.arch)
+    if wrong:
+        raise BaseModelError("preset", f"{source}/config.json does not match preset {preset.name}: {'; '.join(wrong)}")
+
+
+def register(session: Session, user: User, data: RegisteredModelCreate) -> BaseModelPublic:
+    if data.name in BASE_MODELS or session.get(RegisteredModel, data.name) is not None:
+        raise BaseModelError("name", f"a base model named {data.name!r} exists")
+    preset = BASE_MODELS.get(data.preset)
+    if preset is None:
+        raise BaseModelError("preset", f"unknown preset {data.preset!r}; one of {', '.join(BASE_MODELS)}")
+    source = data.source.rstrip("/") or "/"
+    check_source(source, preset)
+    row = RegisteredModel(
+        name=data.name, preset=data.preset, source=source, description=data.description, created_by=user.id
+    )
+    session.add(row)
+    session.commit()
+    return _public(preset, row)
+
+
+def delete(session: Session, name: str) -> None:
+    """Refused (BaseModelError('name')) for a preset, or while runs name the model."""
+    if name in BASE_MODELS:
+        raise BaseModelError("name", f"{name} is a built-in preset")
+    row = session.get(RegisteredModel, name)
+    if row is None:
+        raise LookupError(name)
+    used = session.exec(select(Run.id).where(Run.base_model == name).limit(1)).first()
+    if used is not None:
+        raise BaseModelError("name", f"runs use {name} (e.g. {used}): delete them first")
+    session.delete(row)
+    session.commit()
