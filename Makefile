@@ -29,8 +29,12 @@ browser:  ## Debian's Chromium, for the browser tests (never a downloaded one)
 test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less broker
 	$(BIN)/pytest -q
 
-test-pg: $(VENV)/.installed-dev browser  ## the same suite on PostgreSQL + Redis
-	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) $(BIN)/pytest -q
+# The tests that run a real server (web + worker), on PostgreSQL + Redis; the engine, merge and
+# validator tests touch neither, and `make test` runs them.
+SERVER_TESTS := tests/api tests/web tests/test_cli.py
+
+test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
+	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) $(BIN)/pytest -q $(SERVER_TESTS)
 
 lint: $(VENV)/.installed-dev  ## ruff: lint and format check
 	$(BIN)/ruff check app worker tests bench migrations
@@ -39,6 +43,8 @@ lint: $(VENV)/.installed-dev  ## ruff: lint and format check
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/datasets.py
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/merge.py
 
 clean:
 	rm -rf $(VENV) data test-artifacts

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
 
+from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
 from app.base_models import routes as base_model_routes
@@ -74,6 +75,7 @@ def create_app() -> FastAPI:
         base_model_routes,
         run_routes,
         run_openai_routes,
+        artifact_routes,
         auth_pages,
         dataset_pages,
         pool_pages,

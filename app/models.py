@@ -1,5 +1,6 @@
 """Every table, imported in one place so that migrations see the whole schema."""
 
+from app.artifacts.models import Artifact
 from app.auth.models import ApiToken, User
 from app.base_models.models import RegisteredModel
 from app.datasets.models import Dataset
@@ -8,6 +9,7 @@ from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
 __all__ = [
     "ApiToken",
+    "Artifact",
     "Dataset",
     "Pool",
     "RegisteredModel",

@@ -105,7 +105,7 @@ class Standby:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     @classmethod
@@ -121,7 +121,7 @@ class Standby:
         return proc
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the training process, before exec: be killed when the supervisor dies (Linux)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -3,7 +3,7 @@
 from app.core import queue
 from app.core.db import session_scope
 from app.datasets import service as datasets
-from worker import runs
+from worker import artifacts, runs
 from worker.celery_app import celery
 
 
@@ -16,3 +16,8 @@ def validate_dataset(dataset_id: str) -> None:
 @celery.task(name=queue.TRAIN_RUN, bind=True)
 def train_run(self, run_id: str) -> None:
     runs.execute(run_id, self.request.hostname)
+
+
+@celery.task(name=queue.BUILD_ARTIFACT)
+def build_artifact(artifact_id: str) -> None:
+    artifacts.execute(artifact_id)

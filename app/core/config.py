@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
+    artifact_store: str = Field(
+        default="",
+        description="where finished artifacts are kept: an fsspec URL prefix (gs://bucket/prefix); "
+        "empty: <data dir>/artifacts",
+    )
 
     @field_validator("data_dir")
     @classmethod

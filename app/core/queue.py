@@ -16,6 +16,7 @@ GENERAL_QUEUE = "general"
 # Task names: the contract between app/ (sender) and worker/ (implementer).
 VALIDATE_DATASET = "tunedeck.datasets.validate"
 TRAIN_RUN = "tunedeck.runs.train"
+BUILD_ARTIFACT = "tunedeck.artifacts.build"
 
 
 def make_celery() -> Celery:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, func, select
 
+from app.artifacts import service as artifacts
 from app.auth.models import User
 from app.base_models import service as base_models
 from app.core import queue
@@ -420,6 +421,7 @@ def finish(session: Session, run: Run, *, stopped_by: str | None) -> None:
     else:
         run.fine_tuned_model = fine_tuned_model_name(run)
         _finish(session, run, RunStatus.succeeded, None)
+        artifacts.on_run_succeeded(session, run)
 
 
 def fail(session: Session, run: Run, error: str) -> None:

@@ -282,7 +282,7 @@
     const tbody = $("checkpoints-table").tBodies[0];
     $("checkpoint-summary").textContent = list.count ? list.count + (list.count === 1 ? " saved" : " saved") : "";
     if (!list.data.length) {
-      tbody.replaceChildren(el("tr", { className: "empty" }, el("td", { colspan: 4 },
+      tbody.replaceChildren(el("tr", { className: "empty" }, el("td", { colspan: 5 },
         R.isTerminal(run.status) ? "No checkpoints were saved." : "No checkpoints yet.")));
       return;
     }
@@ -293,7 +293,12 @@
         el("td", { className: "num" }, el("b", {}, fmtNum(c.step))),
         el("td", { className: "num" }, R.fmtMetric(m.loss)),
         el("td", { className: "num" }, R.fmtMetric(m.eval_loss)),
-        el("td", {}, fmtTime(c.created_at, true)));
+        el("td", {}, fmtTime(c.created_at, true)),
+        el("td", { className: "actions nowrap" },
+          el("button", { type: "button", className: "btn btn-sm", dataset: { exportStep: String(c.step), kind: "merged" },
+            title: "Merge this checkpoint into the base model (Hugging Face safetensors)" }, "Merge"),
+          el("button", { type: "button", className: "btn btn-sm", dataset: { exportStep: String(c.step), kind: "adapter" },
+            title: "Export this checkpoint as a PEFT adapter" }, "Adapter")));
     }));
   }
 

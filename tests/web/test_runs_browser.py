@@ -267,3 +267,39 @@ def test_bad_config_errors_shown_inline(page: Page, server, demo_dataset):
     assert "/runs/new" in page.url
     page.screenshot(path=str(ARTIFACTS / "run-new-errors.png"), full_page=True)
     assert client.get("/api/v1/runs").json()["count"] == before, "a bad config was launched"
+
+
+def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, demo_dataset):
+    client = server.client()
+    run_id = _launched.get("run_id")
+    if run_id is None:  # run alone: make the run through the API
+        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+    assert wait_run(server, client, run_id)["status"] == "succeeded", describe_failure(server, client, run_id)
+    page.goto(f"/runs/{run_id}")
+
+    # The merged model of the final checkpoint, verified against the LoRA model.
+    merged = page.locator('#artifacts-table tbody tr[data-kind="merged"]')
+    expect(merged).to_have_count(1, timeout=10_000)
+    expect(merged).to_have_attribute("data-status", "succeeded", timeout=TRAIN_TIMEOUT)
+    expect(merged.locator(".tag-green")).to_contain_text("passed")
+    expect(merged).to_contain_text(f"ft:tiny-gemma4:capitals:{run_id}")
+    merged.locator("summary").click()
+    link = merged.locator("a", has_text="model.safetensors")
+    expect(link).to_have_attribute("href", re.compile(r"^/api/v1/artifacts/art-[0-9a-f]+/files/model.safetensors$"))
+
+    # Export checkpoint 20 as a PEFT adapter from its row; the new artifact goes live on the page.
+    page.locator('#checkpoints-table tr[data-step="20"] button[data-kind="adapter"]').click()
+    adapter = page.locator('#artifacts-table tbody tr[data-kind="adapter"]')
+    expect(adapter).to_have_count(1, timeout=10_000)
+    expect(adapter).to_have_attribute("data-status", "succeeded", timeout=TRAIN_TIMEOUT)
+    expect(adapter.locator("td").nth(2)).to_have_text("20")
+    adapter.locator("summary").click()
+    expect(adapter.locator("a", has_text="adapter_model.safetensors")).to_be_visible()
+    page.locator("#artifacts-card").screenshot(path=str(ARTIFACTS / "run-artifacts.png"))
+    listed = client.get("/api/v1/artifacts", params={"run_id": run_id}).json()["data"]
+    assert sorted((a["kind"], a["checkpoint_step"], a["status"]) for a in listed) == [
+        ("adapter", 20, "succeeded"),
+        ("merged", 60, "succeeded"),
+    ]

@@ -1,0 +1,147 @@
+"""Artifacts API: /api/v1/artifacts (merged checkpoints and PEFT adapters of runs)."""
+
+import posixpath
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse, Response, StreamingResponse
+
+from app.artifacts import service
+from app.artifacts.models import Artifact, ArtifactCreate, ArtifactPublic, ArtifactsPublic
+from app.core.db import session_scope
+from app.core.deps import CurrentUser, SessionDep
+from app.core.routing import Route
+from app.core.sse import watch
+
+CHUNK = 1 << 20
+
+router = APIRouter(route_class=Route, prefix="/api/v1/artifacts", tags=["artifacts"])
+
+
+def _get(session, user, artifact_id: str) -> Artifact:
+    artifact = service.get(session, user, artifact_id)
+    if artifact is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} not found")
+    return artifact
+
+
+def _fingerprint(a: dict) -> tuple:
+    return a["id"], a["status"], a["bytes_done"], a["bytes_total"]
+
+
+@router.post("", response_model=ArtifactPublic, status_code=status.HTTP_201_CREATED)
+def create_artifact(data: ArtifactCreate, session: SessionDep, user: CurrentUser) -> ArtifactPublic:
+    """Merge a run checkpoint into its base (`kind: merged`) or export it as a PEFT adapter (`adapter`)."""
+    try:
+        return service.to_public(service.create(session, user, data))
+    except service.ArtifactError as exc:
+        if exc.conflict:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}],
+        ) from exc
+
+
+@router.get("", response_model=ArtifactsPublic)
+def list_artifacts(
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    run_id: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    """The user's artifacts, newest first; `?run_id=` filters; `?watch=true` streams the list (SSE)."""
+
+    def listed(s) -> dict:
+        rows = service.list_artifacts(s, user, run_id=run_id, limit=limit, offset=offset)
+        return ArtifactsPublic(data=[service.to_public(a) for a in rows], count=len(rows)).model_dump(mode="json")
+
+    if not watch_:
+        return listed(session)
+
+    def snapshot():
+        with session_scope() as s:
+            body = listed(s)
+        return [_fingerprint(a) for a in body["data"]], body
+
+    return watch(request, snapshot)
+
+
+@router.get("/{artifact_id}", response_model=ArtifactPublic)
+def get_artifact(
+    artifact_id: str,
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    artifact = _get(session, user, artifact_id)
+    if not watch_:
+        return service.to_public(artifact)
+
+    def snapshot():
+        with session_scope() as s:
+            current = service.get(s, user, artifact_id)
+            if current is None:  # deleted: the stream ends
+                return None
+            body = service.to_public(current).model_dump(mode="json")
+        return _fingerprint(body), body
+
+    return watch(request, snapshot)
+
+
+@router.get("/{artifact_id}/files/{name:path}")
+def download_file(artifact_id: str, name: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+    """One file of a succeeded artifact, streamed; HTTP range requests resume large downloads."""
+    artifact = _get(session, user, artifact_id)
+    found = service.open_file(artifact, name)
+    if found is None or not found[0].exists(found[1]):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} has no file {name}")
+    fs, path, size = found
+    filename = posixpath.basename(name)
+    if "://" not in artifact.path:  # the data dir: the OS sends the file
+        return FileResponse(path, filename=filename, media_type="application/octet-stream")
+    return _ranged(fs, path, size, filename, request.headers.get("range"))
+
+
+def _ranged(fs, path: str, size: int, filename: str, range_header: str | None) -> Response:
+    """A file of a remote store (gs://...), streamed through, honouring one byte range."""
+    start, end, code = 0, size - 1, status.HTTP_200_OK
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", (range_header or "").strip())
+    if m and (m[1] or m[2]):
+        start, end = (int(m[1]), int(m[2]) if m[2] else size - 1) if m[1] else (max(0, size - int(m[2])), size - 1)
+        end = min(end, size - 1)
+        if start > end:
+            return Response(
+                status_code=status.HTTP_416_RANGE_NOT_SATISFIABLE, headers={"content-range": f"bytes */{size}"}
+            )
+        code = status.HTTP_206_PARTIAL_CONTENT
+
+    def chunks():
+        with fs.open(path, "rb") as f:
+            f.seek(start)
+            left = end - start + 1
+            while left > 0 and (data := f.read(min(CHUNK, left))):
+                left -= len(data)
+                yield data
+
+    headers = {
+        "accept-ranges": "bytes",
+        "content-length": str(end - start + 1),
+        "content-disposition": f'attachment; filename="{filename}"',
+    }
+    if code == status.HTTP_206_PARTIAL_CONTENT:
+        headers["content-range"] = f"bytes {start}-{end}/{size}"
+    return StreamingResponse(chunks(), status_code=code, headers=headers, media_type="application/octet-stream")
+
+
+@router.delete("/{artifact_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_artifact(artifact_id: str, session: SessionDep, user: CurrentUser) -> None:
+    try:
+        service.delete(session, _get(session, user, artifact_id))
+    except service.ArtifactError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc

@@ -1,0 +1,111 @@
+"""Artifacts of a run: the merged checkpoint made when it succeeds, PEFT adapters on demand,
+verification, downloads with range requests, deletion."""
+
+import hashlib
+
+import pytest
+
+from tests.api.test_runs_lifecycle import demo_dataset, wait_run
+from tests.conftest import make_user, start_server, stop_server
+
+CONFIG = {"max_steps": 6, "batch_size": 8, "max_seq_len": 64, "checkpoint_every_steps": 3, "learning_rate": 0.01}
+
+
+def wait_artifact(server, client, artifact_id: str, timeout: float = 300) -> dict:
+    def done():
+        a = client.get(f"/api/v1/artifacts/{artifact_id}").json()
+        return a if a["status"] in ("succeeded", "failed") else None
+
+    return server.wait_for(done, timeout=timeout, interval=0.5, what=f"artifact {artifact_id}")
+
+
+@pytest.fixture(scope="module")
+def run(server, api) -> dict:
+    dataset = demo_dataset(server, api)
+    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": CONFIG})
+    assert r.status_code == 201, r.text
+    run = wait_run(server, api, r.json()["id"])
+    assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
+    return run
+
+
+def test_a_succeeded_run_gets_its_merged_model_verified(server, api, run):
+    (listed,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
+    art = wait_artifact(server, api, listed["id"])
+    assert art["status"] == "succeeded", (art["error"], server.log()[-3000:])
+    assert (art["kind"], art["checkpoint_step"], art["name"]) == ("merged", 6, run["fine_tuned_model"])
+    names = {f["path"] for f in art["files"]}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "manifest.json"} <= names
+    assert art["size_bytes"] == sum(f["size"] for f in art["files"]) and art["bytes_done"] > 0
+    v = art["verification"]
+    assert v["passed"] and v["max_abs_diff"] < 1e-4 and v["argmax_agreement"] == 1.0, v
+
+    # Downloads stream the listed bytes; a range request gets just the range.
+    weights = next(f for f in art["files"] if f["path"] == "model.safetensors")
+    body = api.get(f"/api/v1/artifacts/{art['id']}/files/model.safetensors").content
+    assert len(body) == weights["size"] and hashlib.sha256(body).hexdigest() == weights["sha256"]
+    r = api.get(f"/api/v1/artifacts/{art['id']}/files/model.safetensors", headers={"Range": "bytes=100-199"})
+    assert r.status_code == 206 and r.content == body[100:200]
+    assert api.get(f"/api/v1/artifacts/{art['id']}/files/../../server.log").status_code == 404
+
+
+def test_adapter_export_of_an_earlier_checkpoint_and_bad_requests(server, api, run):
+    r = api.post("/api/v1/artifacts", json={"run_id": run["id"], "kind": "adapter", "checkpoint_step": 3})
+    assert r.status_code == 201, r.text
+    art = wait_artifact(server, api, r.json()["id"])
+    assert art["status"] == "succeeded", (art["error"], server.log()[-3000:])
+    assert {f["path"] for f in art["files"]} == {"adapter_config.json", "adapter_model.safetensors", "manifest.json"}
+    assert art["name"] == f"{run['fine_tuned_model']}:step-3:adapter"
+    again = api.post("/api/v1/artifacts", json={"run_id": run["id"], "kind": "adapter", "checkpoint_step": 3})
+    assert again.status_code == 409 and art["id"] in again.text
+
+    for body, field in (
+        ({"run_id": "run-nope"}, "run_id"),
+        ({"run_id": run["id"], "checkpoint_step": 4}, "checkpoint_step"),
+        ({"run_id": run["id"], "kind": "gguf"}, "kind"),
+    ):
+        r = api.post("/api/v1/artifacts", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == field, r.text
+    _, _, token = make_user(server)
+    other = server.client(token)
+    assert other.get(f"/api/v1/artifacts/{art['id']}").status_code == 404
+    assert other.post("/api/v1/artifacts", json={"run_id": run["id"]}).status_code == 422
+    assert other.get("/api/v1/artifacts").json()["count"] == 0
+
+    assert api.delete(f"/api/v1/artifacts/{art['id']}").status_code == 204
+    assert api.get(f"/api/v1/artifacts/{art['id']}").status_code == 404
+    assert not (server.data_dir / "artifacts" / art["id"]).exists()
+
+
+def test_an_artifact_store_url_keeps_the_files_and_serves_ranges(tmp_path_factory):
+    """With TUNEDECK_ARTIFACT_STORE (gs://... in production; a file:// URL here, through the same
+    fsspec code), finished artifacts are uploaded there and streamed back through the API."""
+    store = tmp_path_factory.mktemp("store")
+    server = start_server(tmp_path_factory.mktemp("tunedeck-store"), {"TUNEDECK_ARTIFACT_STORE": f"file://{store}"})
+    try:
+        api = server.client()
+        dataset = demo_dataset(server, api)
+        config = {**CONFIG, "max_steps": 3}
+        run = wait_run(
+            server, api, api.post("/api/v1/runs", json={"dataset_id": dataset, "config": config}).json()["id"]
+        )
+        assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
+        (art,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
+        art = wait_artifact(server, api, art["id"])
+        assert art["status"] == "succeeded", (art["error"], server.log()[-3000:])
+        assert art["path"] == f"file://{store}/{art['id']}"
+        stored = {p.name: p for p in (store / art["id"]).iterdir()}
+        assert set(stored) == {f["path"] for f in art["files"]}
+        assert not (server.data_dir / "artifacts" / art["id"]).exists()  # the local build was freed
+        data = stored["model.safetensors"].read_bytes()
+        url = f"/api/v1/artifacts/{art['id']}/files/model.safetensors"
+        whole = api.get(url)
+        assert whole.status_code == 200 and whole.content == data and whole.headers["accept-ranges"] == "bytes"
+        part = api.get(url, headers={"Range": "bytes=-64"})
+        assert part.status_code == 206 and part.content == data[-64:]
+        assert part.headers["content-range"] == f"bytes {len(data) - 64}-{len(data) - 1}/{len(data)}"
+        assert api.get(url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+        assert api.delete(f"/api/v1/artifacts/{art['id']}").status_code == 204
+        assert not (store / art["id"]).exists()
+    finally:
+        stop_server(server)
