@@ -75,7 +75,10 @@ def execute(run_id: str, worker: str) -> None:
         try:
             stop_since: float | None = None
             while child.poll() is None:
-                time.sleep(HEARTBEAT_S if stop_since is None else 0.2)
+                try:  # wakes as soon as the training process exits
+                    child.wait(timeout=HEARTBEAT_S if stop_since is None else 0.2)
+                except subprocess.TimeoutExpired:
+                    pass
                 stop = runs.heartbeat(session, run)
                 if stop and stop_since is None:
                     stop_since = time.monotonic()
