@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
 
+from app.artifacts import pages as artifact_pages
 from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
@@ -80,6 +81,7 @@ def create_app() -> FastAPI:
         dataset_pages,
         pool_pages,
         run_pages,
+        artifact_pages,
         web_pages,
     ):
         app.include_router(module.router)

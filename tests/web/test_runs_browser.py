@@ -276,7 +276,8 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
         r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
         assert r.status_code == 201, r.text
         run_id = r.json()["id"]
-    assert wait_run(server, client, run_id)["status"] == "succeeded", describe_failure(server, client, run_id)
+    run = wait_run(server, client, run_id)
+    assert run["status"] == "succeeded", describe_failure(server, client, run_id)
     page.goto(f"/runs/{run_id}")
 
     # The merged model of the final checkpoint, verified against the LoRA model.
@@ -284,7 +285,7 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
     expect(merged).to_have_count(1, timeout=10_000)
     expect(merged).to_have_attribute("data-status", "succeeded", timeout=TRAIN_TIMEOUT)
     expect(merged.locator(".tag-green")).to_contain_text("passed")
-    expect(merged).to_contain_text(f"ft:tiny-gemma4:capitals:{run_id}")
+    expect(merged).to_contain_text(run["fine_tuned_model"])
     merged.locator("summary").click()
     link = merged.locator("a", has_text="model.safetensors")
     expect(link).to_have_attribute("href", re.compile(r"^/api/v1/artifacts/art-[0-9a-f]+/files/model.safetensors$"))
@@ -298,6 +299,18 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
     adapter.locator("summary").click()
     expect(adapter.locator("a", has_text="adapter_model.safetensors")).to_be_visible()
     page.locator("#artifacts-card").screenshot(path=str(ARTIFACTS / "run-artifacts.png"))
+
+    # The merged model's own page: finished, verified, its files downloadable.
+    merged.locator("td").first.locator("a").click()
+    expect(page).to_have_url(re.compile(r".*/artifacts/art-[0-9a-f]+$"))
+    expect(page.locator("#artifact-status")).to_have_text("succeeded")
+    expect(page.locator("#verification")).to_contain_text("passed")
+    expect(page.locator("#files-table a", has_text="model.safetensors")).to_be_visible()
+    expect(page.locator("#progress-percent")).to_have_text("100%")
+    page.screenshot(path=str(ARTIFACTS / "artifact-page.png"), full_page=True)
+    page.goto("/artifacts")  # the list of all artifacts, live
+    expect(page.locator('#artifacts-table tbody tr[data-status="succeeded"]')).to_have_count(2, timeout=10_000)
+
     listed = client.get("/api/v1/artifacts", params={"run_id": run_id}).json()["data"]
     assert sorted((a["kind"], a["checkpoint_step"], a["status"]) for a in listed) == [
         ("adapter", 20, "succeeded"),

@@ -1,11 +1,12 @@
-/* A run's artifacts, live: /api/v1/artifacts?run_id=...&watch=true sends the list whenever an
- * artifact's status or merge progress changes. The Merge / Adapter buttons of the checkpoints
- * table create one. */
+/* Artifacts, live: /api/v1/artifacts?watch=true (with run_id= on a run's page) sends the list
+ * whenever an artifact's status or merge progress changes. On a run's page, the Merge / Adapter
+ * buttons of the checkpoints table create one. */
 (function () {
   "use strict";
   const { el, api, watch, fmtBytes } = window.TD;
   const $ = (id) => document.getElementById(id);
-  const run = JSON.parse($("run-data").textContent);
+  const runData = $("run-data");
+  const run = runData ? JSON.parse(runData.textContent) : null; // null: every artifact of the user
   const base = "/api/v1/artifacts";
 
   function progressCell(a) {
@@ -42,11 +43,12 @@
     const tbody = $("artifacts-table").tBodies[0];
     if (!list.data.length) {
       tbody.replaceChildren(el("tr", { className: "empty" }, el("td", { colspan: 9 },
-        run.status === "succeeded" ? "No artifacts." : "No artifacts yet: the merged model is made when the run succeeds.")));
+        run && run.status === "succeeded" ? "No artifacts."
+          : "No artifacts yet: a run's merged model is made when it succeeds.")));
       return;
     }
     tbody.replaceChildren(...list.data.map((a) => el("tr", { dataset: { id: a.id, kind: a.kind, status: a.status } },
-      el("td", { className: "mono small", title: a.path }, a.name),
+      el("td", { className: "mono small", title: a.path }, el("a", { href: "/artifacts/" + encodeURIComponent(a.id) }, a.name)),
       el("td", {}, a.kind),
       el("td", { className: "num" }, String(a.checkpoint_step)),
       el("td", { title: a.error || "" }, el("span", { className: "pill pill-run-" + a.status }, a.status),
@@ -73,7 +75,7 @@
       if (exportBtn) {
         exportBtn.disabled = true;
         await api(base, { method: "POST", json: {
-          run_id: run.id, kind: exportBtn.dataset.kind, checkpoint_step: Number(exportBtn.dataset.exportStep) } });
+          run_id: run && run.id, kind: exportBtn.dataset.kind, checkpoint_step: Number(exportBtn.dataset.exportStep) } });
       } else if (window.confirm("Delete this artifact and its files?")) {
         await api(base + "/" + encodeURIComponent(deleteBtn.dataset.deleteArtifact), { method: "DELETE" });
       }
@@ -84,5 +86,6 @@
     }
   });
 
-  watch(base + "?run_id=" + encodeURIComponent(run.id) + "&watch=true", { update: render });
+  watch(base + "?" + (run ? "run_id=" + encodeURIComponent(run.id) + "&" : "") + "watch=true", { update: render },
+    run ? null : $("live")); // on a run's page the indicator follows the run
 })();

@@ -1,0 +1,23 @@
+"""Artifact pages: the list, and one artifact live."""
+
+from fastapi import APIRouter, HTTPException, Request, status
+
+from app.artifacts import service
+from app.core.deps import SessionDep, WebUser
+from app.core.routing import Route
+from app.core.templating import render
+
+router = APIRouter(route_class=Route, include_in_schema=False)
+
+
+@router.get("/artifacts")
+def artifacts_page(request: Request, user: WebUser):
+    return render(request, "artifacts/list.html", user)
+
+
+@router.get("/artifacts/{artifact_id}")
+def artifact_page(artifact_id: str, request: Request, session: SessionDep, user: WebUser):
+    artifact = service.get(session, user, artifact_id)
+    if artifact is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} not found")
+    return render(request, "artifacts/detail.html", user, artifact=service.to_public(artifact).model_dump(mode="json"))
