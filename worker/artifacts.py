@@ -21,29 +21,36 @@ from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.db import session_scope
 from app.runs.models import Run
-from worker.runs import base_model_dir, die_with_parent, run_dir
+from worker.runs import HEARTBEAT_S, base_model_dir, die_with_parent, run_dir
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5
 
 
-def execute(artifact_id: str) -> None:
-    """The Celery task's body: take the artifact and build it in a child process."""
+def execute(artifact_id: str, worker: str) -> None:
+    """The Celery task's body: take the artifact and build it in a child process, beating while it
+    runs (a build whose beats stop is re-queued by the pool's workers: ``artifacts.requeue_stale``)."""
     with session_scope() as session:
-        artifact = artifacts.start(session, artifact_id)
+        artifact = artifacts.start(session, artifact_id, worker)
         if artifact is None:
             return
         out = artifacts.build_dir(artifact_id)
         out.parent.mkdir(parents=True, exist_ok=True)
         log_path = out.parent / f"{artifact_id}.log"
         with open(log_path, "ab") as out:
-            code = subprocess.call(
+            child = subprocess.Popen(
                 [sys.executable, "-m", "worker.artifacts", artifact_id],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,
             )
+            while True:
+                try:
+                    code = child.wait(timeout=HEARTBEAT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    artifacts.heartbeat(session, artifact)
         session.refresh(artifact)
         if code != 0 and artifact.status == "running":
             tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]

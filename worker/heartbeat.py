@@ -1,9 +1,10 @@
 """A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
-and on each beat, runs of this pool whose own heartbeat went silent are re-queued."""
+and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued."""
 
 import logging
 import threading
 
+from app.artifacts import service as artifacts
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.pools import service as pools
@@ -33,6 +34,8 @@ class Heartbeat:
             pools.heartbeat(session, self.hostname, self.pool, self.pid)
             for run_id in runs.requeue_stale(session, self.pool):
                 log.warning("run %s lost its worker: re-queued", run_id)
+            for artifact_id in artifacts.requeue_stale(session, self.pool):
+                log.warning("artifact %s lost its worker: re-queued", artifact_id)
 
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds

@@ -18,6 +18,6 @@ def train_run(self, run_id: str) -> None:
     runs.execute(run_id, self.request.hostname)
 
 
-@celery.task(name=queue.BUILD_ARTIFACT)
-def build_artifact(artifact_id: str) -> None:
-    artifacts.execute(artifact_id)
+@celery.task(name=queue.BUILD_ARTIFACT, bind=True)
+def build_artifact(self, artifact_id: str) -> None:
+    artifacts.execute(artifact_id, self.request.hostname)

@@ -40,6 +40,8 @@ class Artifact(SQLModel, table=True):
     verification: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error: str | None = None
     attempts: int = 0
+    worker: str | None = Field(default=None, max_length=255)  # the host building it, while it is running
+    heartbeat_at: datetime | None = None  # the build's supervisor beats; a silent one is re-queued
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -72,6 +74,7 @@ class ArtifactPublic(SQLModel):
     bytes_total: int
     verification: dict[str, Any] | None
     error: str | None
+    attempts: int
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

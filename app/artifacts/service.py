@@ -28,7 +28,7 @@ from app.artifacts.models import (
 from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import claim, utcnow
 from app.core.security import new_id
 from app.runs.models import Run, RunCheckpoint, RunStatus
 
@@ -59,7 +59,7 @@ def _fs(path: str):
 
 def to_public(artifact: Artifact) -> ArtifactPublic:
     return ArtifactPublic(
-        **artifact.model_dump(exclude={"owner_id", "attempts", "updated_at"}),
+        **artifact.model_dump(exclude={"owner_id", "worker", "heartbeat_at", "updated_at"}),
         size_bytes=sum(f["size"] for f in artifact.files),
     )
 
@@ -139,33 +139,56 @@ def on_run_succeeded(session: Session, run: Run) -> Artifact | None:
     return _enqueue(session, run, ArtifactKind.merged, step, run.fine_tuned_model)
 
 
-def start(session: Session, artifact_id: str) -> Artifact | None:
-    """A worker takes the artifact (a compare-and-set on ``attempts``); None when there is nothing to
-    do. A redelivered task (its worker died) starts the work over: the output appears only when whole."""
+def start(session: Session, artifact_id: str, worker: str) -> Artifact | None:
+    """A worker takes the artifact (``claim``: a compare-and-set on ``attempts``); None when there is
+    nothing to do, or a live worker is on it. A re-queued build (its worker went silent) starts over:
+    the output appears only when whole."""
     artifact = session.get(Artifact, artifact_id)
     if artifact is None or artifact.status not in ACTIVE:
         return None
+    beating = artifact.worker and utcnow() - artifact.heartbeat_at < get_settings().stale_after
+    if artifact.status == ArtifactStatus.running and beating:
+        return None  # another worker is on it (a re-queued build has no worker)
     if artifact.attempts >= MAX_ATTEMPTS:
         fail(session, artifact, f"gave up after {artifact.attempts} attempts")
         return None
     now = utcnow()
-    taken = session.execute(
-        update(Artifact)
-        .where(Artifact.id == artifact_id, Artifact.attempts == artifact.attempts)
-        .values(
-            attempts=artifact.attempts + 1,
-            status=ArtifactStatus.running,
-            started_at=artifact.started_at or now,
-            bytes_done=0,
-            updated_at=now,
-        )
-    ).rowcount
-    if not taken:
-        session.rollback()
+    if not claim(
+        session,
+        artifact,
+        status=ArtifactStatus.running,
+        worker=worker,
+        heartbeat_at=now,
+        started_at=artifact.started_at or now,
+        bytes_done=0,
+        updated_at=now,
+    ):
         return None
-    session.commit()
-    session.refresh(artifact)
     return artifact
+
+
+def heartbeat(session: Session, artifact: Artifact) -> None:
+    """The build's supervisor is alive."""
+    session.execute(update(Artifact).where(Artifact.id == artifact.id).values(heartbeat_at=utcnow()))
+    session.commit()
+
+
+def requeue_stale(session: Session, pool: str) -> list[str]:
+    """Re-queue the builds on this pool's queue whose supervisor stopped beating (its worker was
+    killed or lost), as ``runs.requeue_stale`` does for runs."""
+    cutoff = utcnow() - get_settings().stale_after
+    stale = session.exec(
+        select(Artifact)
+        .join(Run, Run.id == Artifact.run_id)
+        .where(Run.pool == pool, Artifact.status == ArtifactStatus.running, Artifact.heartbeat_at < cutoff)
+    ).all()
+    for artifact in stale:
+        artifact.worker, artifact.heartbeat_at = None, utcnow()  # re-queued again only after another silence
+        artifact.error = f"attempt {artifact.attempts} lost its worker: re-queued"
+        session.add(artifact)
+        session.commit()
+        queue.send_task(queue.BUILD_ARTIFACT, artifact.id, queue=pool)
+    return [a.id for a in stale]
 
 
 def progress(session: Session, artifact: Artifact, done: int, total: int) -> None:

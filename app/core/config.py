@@ -1,6 +1,7 @@
 """Settings, read once from the environment (TUNEDECK_*)."""
 
 import secrets
+from datetime import timedelta
 from functools import cached_property, lru_cache
 from pathlib import Path
 
@@ -23,7 +24,9 @@ class Settings(BaseSettings):
     pool: str = "cpu"
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
-    run_stale_seconds: float = Field(default=30.0, gt=0, description="a running run silent this long is re-queued")
+    stale_seconds: float = Field(
+        default=30.0, gt=0, description="a running run or artifact build whose worker is silent this long is re-queued"
+    )
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
@@ -46,6 +49,10 @@ class Settings(BaseSettings):
     def celery_broker_url(self) -> str:
         """The configured broker, or a SQLite-file broker that needs no server."""
         return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def stale_after(self) -> timedelta:
+        return timedelta(seconds=self.stale_seconds)
 
     @property
     def storage_dir(self) -> Path:

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, event
-from sqlmodel import Session, create_engine
+from sqlalchemy import Engine, event, update
+from sqlmodel import Session, SQLModel, create_engine
 
 from app.core.config import get_settings
 
@@ -15,6 +15,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def claim(session: Session, row: SQLModel, **values) -> bool:
+    """Take ``row`` (a run or an artifact) for one more attempt: a compare-and-set on its ``attempts``,
+    so that of two deliveries of the same task only one goes on. Sets ``values`` with it; False (and
+    nothing changed) when another took it first."""
+    table = type(row)
+    taken = session.execute(
+        update(table)
+        .where(table.id == row.id, table.attempts == row.attempts)
+        .values(attempts=row.attempts + 1, **values)
+    ).rowcount
+    if not taken:
+        session.rollback()
+        return False
+    session.commit()
+    session.refresh(row)
+    return True
 
 
 @lru_cache

@@ -7,9 +7,8 @@ Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel
 """
 
 from dataclasses import dataclass
-from datetime import timedelta
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete
 from sqlmodel import Session, col, func, select
 
 from app.artifacts import service as artifacts
@@ -17,7 +16,7 @@ from app.auth.models import User
 from app.base_models import service as base_models
 from app.core import queue
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import claim, utcnow
 from app.core.security import new_id
 from app.datasets import service as datasets
 from app.datasets.models import Dataset, DatasetStatus
@@ -277,36 +276,29 @@ def resume(session: Session, run: Run) -> Run:
 def start(session: Session, run_id: str, worker: str) -> Run | None:
     """A worker takes the run; None when there is nothing to do (cancelled, done, taken, or too many tries).
 
-    Taking is a compare-and-set on `attempts`, so two deliveries of the same task cannot both run it.
+    Taking is a compare-and-set on `attempts` (`claim`), so two deliveries of the same task cannot both run it.
     """
     run = session.get(Run, run_id)
     if run is None or run.status in TERMINAL or run.status == RunStatus.paused:
         return None
-    if run.status == RunStatus.running and run.worker and utcnow() - run.heartbeat_at < stale_after():
+    if run.status == RunStatus.running and run.worker and utcnow() - run.heartbeat_at < get_settings().stale_after:
         return None  # another worker is on it (a re-queued run has no worker)
     if run.attempts >= MAX_ATTEMPTS:
         _finish(session, run, RunStatus.failed, f"gave up after {run.attempts} attempts")
         return None
     lost = run.status == RunStatus.running  # re-queued: the last worker died mid-run
     now = utcnow()
-    taken = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.attempts == run.attempts)
-        .values(
-            attempts=run.attempts + 1,
-            status=RunStatus.running,
-            worker=worker,
-            stop_requested=None,
-            started_at=run.started_at or now,
-            heartbeat_at=now,
-            updated_at=now,
-        )
-    ).rowcount
-    if not taken:
-        session.rollback()
+    if not claim(
+        session,
+        run,
+        status=RunStatus.running,
+        worker=worker,
+        stop_requested=None,
+        started_at=run.started_at or now,
+        heartbeat_at=now,
+        updated_at=now,
+    ):
         return None
-    session.commit()
-    session.refresh(run)
     event(session, run, f"attempt {run.attempts} on {worker}" + (" after a worker was lost" if lost else ""))
     session.commit()
     return run
@@ -318,13 +310,9 @@ def is_current(session: Session, run: Run, attempt: int) -> bool:
     return run.attempts == attempt and run.status == RunStatus.running
 
 
-def stale_after() -> timedelta:
-    return timedelta(seconds=get_settings().run_stale_seconds)
-
-
 def requeue_stale(session: Session, pool: str) -> list[str]:
     """Re-queue this pool's running runs whose worker stopped beating (it was killed or lost)."""
-    cutoff = utcnow() - stale_after()
+    cutoff = utcnow() - get_settings().stale_after
     stale = session.exec(
         select(Run).where(Run.pool == pool, Run.status == RunStatus.running, Run.heartbeat_at < cutoff)
     ).all()
@@ -332,7 +320,7 @@ def requeue_stale(session: Session, pool: str) -> list[str]:
         event(
             session,
             run,
-            f"no heartbeat from {run.worker or 'any worker'} for {stale_after().seconds}s: re-queued",
+            f"no heartbeat from {run.worker or 'any worker'} for {get_settings().stale_after.seconds}s: re-queued",
             "warn",
         )
         run.worker, run.heartbeat_at = None, utcnow()  # ownerless; re-queued again only after another silence

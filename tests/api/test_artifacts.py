@@ -1,11 +1,13 @@
 """Artifacts of a run: the merged checkpoint made when it succeeds, PEFT adapters on demand,
-verification, downloads with range requests, deletion."""
+verification, downloads with range requests, deletion, a killed build re-queued."""
 
 import hashlib
+import os
+import signal
 
 import pytest
 
-from tests.api.test_runs_lifecycle import demo_dataset, wait_run
+from tests.api.test_runs_lifecycle import demo_dataset, wait_run, worker_tree
 from tests.conftest import make_user, start_server, stop_server
 
 CONFIG = {"max_steps": 6, "batch_size": 8, "max_seq_len": 64, "checkpoint_every_steps": 3, "learning_rate": 0.01}
@@ -77,11 +79,15 @@ def test_adapter_export_of_an_earlier_checkpoint_and_bad_requests(server, api, r
     assert not (server.data_dir / "artifacts" / art["id"]).exists()
 
 
-def test_an_artifact_store_url_keeps_the_files_and_serves_ranges(tmp_path_factory):
-    """With TUNEDECK_ARTIFACT_STORE (gs://... in production; a file:// URL here, through the same
-    fsspec code), finished artifacts are uploaded there and streamed back through the API."""
+def test_a_killed_build_is_requeued_and_lands_in_the_artifact_store(tmp_path_factory):
+    """A build whose worker is SIGKILLed mid-way is noticed by its silence, re-queued, and built again.
+    With TUNEDECK_ARTIFACT_STORE (gs://... in production; a file:// URL here, through the same fsspec
+    code), finished artifacts are uploaded there and streamed back through the API."""
     store = tmp_path_factory.mktemp("store")
-    server = start_server(tmp_path_factory.mktemp("tunedeck-store"), {"TUNEDECK_ARTIFACT_STORE": f"file://{store}"})
+    server = start_server(
+        tmp_path_factory.mktemp("tunedeck-store"),
+        {"TUNEDECK_ARTIFACT_STORE": f"file://{store}", "TUNEDECK_STALE_SECONDS": "4"},
+    )
     try:
         api = server.client()
         dataset = demo_dataset(server, api)
@@ -91,8 +97,18 @@ def test_an_artifact_store_url_keeps_the_files_and_serves_ranges(tmp_path_factor
         )
         assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
         (art,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
+
+        def building():
+            return [p for p in worker_tree(server) if "worker.artifacts" in " ".join(p.cmdline())]
+
+        server.wait_for(building, timeout=120, interval=0.05, what="the build process")
+        assert api.get(f"/api/v1/artifacts/{art['id']}").json()["status"] == "running"
+        for proc in worker_tree(server):
+            os.kill(proc.pid, signal.SIGKILL)
+
         art = wait_artifact(server, api, art["id"])
         assert art["status"] == "succeeded", (art["error"], server.log()[-3000:])
+        assert art["attempts"] == 2 and art["verification"]["passed"], art
         assert art["path"] == f"file://{store}/{art['id']}"
         stored = {p.name: p for p in (store / art["id"]).iterdir()}
         assert set(stored) == {f["path"] for f in art["files"]}

@@ -111,12 +111,12 @@ def test_openai_fine_tuning_jobs(server, api):
 
 @pytest.fixture
 def fast_reaper_server(tmp_path):
-    srv = start_server(tmp_path / "reaper", {"TUNEDECK_RUN_STALE_SECONDS": "4"})
+    srv = start_server(tmp_path / "reaper", {"TUNEDECK_STALE_SECONDS": "4"})
     yield srv
     stop_server(srv)
 
 
-def _worker_tree(server) -> list[psutil.Process]:
+def worker_tree(server) -> list[psutil.Process]:
     up = psutil.Process(server.proc.pid)
     workers = [p for p in up.children() if "worker" in " ".join(p.cmdline())]
     return [proc for w in workers for proc in (w, *w.children(recursive=True))]
@@ -135,7 +135,7 @@ def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):
         return run["step"] >= 15 and ckpts
 
     srv.wait_for(past_a_checkpoint, timeout=240, interval=0.2, what="training past the first checkpoint")
-    victims = _worker_tree(srv)
+    victims = worker_tree(srv)
     assert any("worker.runs" in " ".join(p.cmdline()) for p in victims), (
         "the training process should be under the worker"
     )
