@@ -11,14 +11,17 @@ projections written with Orbax in the structure the trainer saves. The layer cou
 both, so a flat peak RSS shows memory does not grow with the model. Then, each in a fresh
 subprocess after a ``sync``:
 
-  * ``cp -r`` of the base directory (the floor: the same bytes read and written, nothing computed),
-  * ``merge_lora`` into 2 GB shards, its peak RSS from ``ru_maxrss``,
+  * ``cp -r`` of the base directory and a ``sync`` (the floor: the same bytes read and written to
+    disk, nothing computed),
+  * ``merge_lora`` into 2 GB shards, its peak RSS from ``ru_maxrss``. The merge returns with its
+    files on disk (it fsyncs them before renaming the output into place), so it is compared with
+    cp + sync; cp alone, whose bytes are still in the page cache when it returns, is shown too,
   * Tunix's own ``safetensors_saver.save_lora_merged_model_as_safetensors`` on the same base, with
     Tunix's Gemma 3 callbacks (the closest it has: there is no Gemma 4 wrapper); it needs the LoRA model
     in memory, so it loads it first (through Tunix's loader and Qwix, as ``verify_merged`` does) and
     its time and peak RSS are taken over the save alone (peak reset with /proc/self/clear_refs).
 
-Goals: merge wall time <= 2.0x cp; merge peak RSS <= 2x the largest tensor + 300 MB. The script
+Goals: merge wall time <= 2.0x cp + sync; merge peak RSS <= 2x the largest tensor + 300 MB. The script
 reports; it does not assert. The generated files are deleted at the end.
 """
 
@@ -304,14 +307,14 @@ def bench_size(tmp: Path, layers: int, rank: int, repeat: int, tunix: bool) -> d
 
 def print_table(results: list[dict]) -> None:
     head = (
-        f"{'size GB':>7} {'cp s':>5} {'merge s':>7} {'ratio':>5} {'cp+disk s':>9} {'merge+disk s':>12} "
-        f"{'ratio':>5} {'peak RSS MB':>11} {'goal RSS MB':>11} {'RSS@import':>10} {'tunix s':>7} {'/cp':>5} "
+        f"{'size GB':>7} {'cp+sync s':>9} {'merge s':>7} {'ratio':>5} {'cp alone s':>10} {'ratio':>5} "
+        f"{'peak RSS MB':>11} {'goal RSS MB':>11} {'RSS@import':>10} {'tunix s':>7} {'/cp':>5} "
         f"{'tunix RSS MB':>12}  goals"
     )
     print(head)
     print("-" * len(head))
     for r in results:
-        ratio = r["merge_s"] / r["cp_s"]
+        ratio = r["merge_to_disk_s"] / r["cp_to_disk_s"]
         goal_rss = 2 * r["largest_tensor_bytes"] / MB + GOAL_RSS_EXTRA_MB
         goals = [
             "time ok" if ratio <= GOAL_RATIO else f"time > {GOAL_RATIO}x",
@@ -324,8 +327,8 @@ def print_table(results: list[dict]) -> None:
             else f"{'failed' if t else '-':>7} {'':>5} {'':>12}"
         )
         print(
-            f"{r['bytes'] / 1e9:7.2f} {r['cp_s']:5.1f} {r['merge_s']:7.1f} {ratio:5.2f} {r['cp_to_disk_s']:9.1f} "
-            f"{r['merge_to_disk_s']:12.1f} {r['merge_to_disk_s'] / r['cp_to_disk_s']:5.2f} "
+            f"{r['bytes'] / 1e9:7.2f} {r['cp_to_disk_s']:9.1f} {r['merge_to_disk_s']:7.1f} {ratio:5.2f} "
+            f"{r['cp_s']:10.1f} {r['merge_to_disk_s'] / r['cp_s']:5.2f} "
             f"{r['merge_peak_rss_mb']:11.0f} {goal_rss:11.0f} {r['merge_rss_after_import_mb']:10.0f} {tunix}  "
             f"{', '.join(goals)}"
         )

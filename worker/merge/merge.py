@@ -302,6 +302,8 @@ class _Merger:
                     out.write(view)
                     size += len(view)
                     report.add(len(view))
+            out.flush()
+            os.fsync(out.fileno())  # on disk while the other shards are still being written
         return FileEntry(name, size, digest.hexdigest())
 
     def _chunks(self, f, t: TensorInfo, buf: bytearray, work: np.ndarray) -> Iterator[memoryview]:

@@ -1,7 +1,8 @@
 """Writing a merge's output: all of it or nothing, every file hashed as it is written.
 
 The files go into a temporary directory beside the destination (``.<name>.tmp-*``), which is renamed
-to the destination only once complete. The temporary directory is flock()ed while its merge lives, so
+to the destination only once complete and on disk (every file and the directory fsync()ed first, so
+a machine that loses power never shows a renamed directory with files missing their data). The temporary directory is flock()ed while its merge lives, so
 a later merge can tell a dead run's leftover (lock free: it removes it) from a live one's.
 """
 
@@ -45,10 +46,23 @@ def staging(out_dir: str | os.PathLike) -> Iterator[Path]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield tmp
+        for path in tmp.iterdir():
+            sync_file(path)
+        sync_file(tmp)
         os.rename(tmp, out)
+        sync_file(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(fd)
+
+
+def sync_file(path: Path) -> None:
+    """fsync() a file or directory: its data (or entries) on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 
