@@ -102,12 +102,12 @@ def render_chat(messages: list[dict]) -> str:
     """The text Gemma's chat template renders for a conversation (for tests and debugging)."""
     f = GEMMA
     out = ["<bos>"]
-    for role, content in _turns(messages):
+    for role, content in chat_turns(messages):
         out.append(f"{f.turn_start}{role}\n{content}{f.turn_end}\n")
     return "".join(out)
 
 
-def _turns(messages: list[dict]) -> list[tuple[str, str]]:
+def chat_turns(messages: list[dict]) -> list[tuple[str, str]]:
     """(Gemma role, rendered content) per turn, system folded into the first user turn."""
     prefix = ""
     turns = []
@@ -135,7 +135,7 @@ def tokenize_conversation(
     ids = [tok.bos_id]
     mask = [False]
     newline = tok.encode("\n")
-    for role, content in _turns(messages):
+    for role, content in chat_turns(messages):
         header = role + "\n"
         piece, offsets = tok.encode_with_offsets(header + content)
         target = role == tok.format.model_role or not assistant_only_loss

@@ -1,0 +1,192 @@
+"""The built-in model server (`python -m worker.serve`), as a client of a vLLM endpoint sees it:
+the OpenAI SDK streaming with usage, greedy replies equal to a cache-free decode of the same model,
+seeds, stop strings, batched concurrent requests, vLLM's metrics, and clear errors."""
+
+import asyncio
+import functools
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from tests.conftest import free_port
+from worker.training.tiny import create_tiny_gemma4
+
+MODEL = "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return create_tiny_gemma4(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.serve", "--model", str(model_dir), "--served-model-name", MODEL]
+            + ["--port", str(port), "--max-num-seqs", "8", "--max-model-len", "256"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the model server did not become healthy"
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_openai_sdk_streams_a_chat_reply_with_usage(server):
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == [MODEL]
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            seed=7,
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["length"], ["stop"]) and text
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens > 5
+    assert usage.completion_tokens == 12 if finish == ["length"] else 1 <= usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    # Not streamed: the same reply for the same seed.
+    again = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+        max_tokens=12,
+        seed=7,
+    )
+    assert again.choices[0].message.content == text and again.usage == usage
+
+
+@functools.cache
+def _reference_forward(model_dir: str, width: int):
+    """The model's logits for one right-padded sequence of ``width`` tokens, causal mask, no cache."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from worker.training import models
+
+    graphdef, state = nnx.split(models.load_base_model(model_dir, models.resolve_config(model_dir)))
+    causal = jnp.tril(jnp.ones((width, width), bool))[None]
+
+    @jax.jit
+    def forward(state, tokens):
+        return nnx.merge(graphdef, state)(tokens, attention_mask=causal)[0]
+
+    return lambda tokens: forward(state, tokens)
+
+
+def reference_greedy(model_dir, prompt_ids: list[int], n: int, width: int = 64) -> list[int]:
+    """Greedy decoding by running the whole sequence through the model for every token: no cache,
+    no left padding, no batching (right padding, which a causal mask keeps out of earlier tokens)."""
+    import jax.numpy as jnp
+
+    forward = _reference_forward(str(model_dir), width)
+    ids = list(prompt_ids)
+    for _ in range(n):
+        tokens = np.zeros((1, width), np.int32)
+        tokens[0, : len(ids)] = ids
+        logits = forward(jnp.asarray(tokens))
+        ids.append(int(np.argmax(np.asarray(logits[0, len(ids) - 1]))))
+    return ids[len(prompt_ids) :]
+
+
+def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
+    """Prompts of different lengths decoded together (left padding, the KV cache, sliding-window and
+    global layers) give what the model gives each prompt alone, token for token."""
+    from worker.training.data import ChatTokenizer
+
+    tok = ChatTokenizer(model_dir)
+    prompts = ["the quick brown fox", "a", "once upon a time in a land far away there lived", "hello world"]
+
+    async def complete(client, prompt):
+        r = await client.post(
+            f"{server}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def all_at_once():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*[complete(client, p) for p in prompts])
+
+    ttft_before = metric(server, "vllm:time_to_first_token_seconds_count")
+    tokens_before = metric(server, "vllm:generation_tokens_total")
+    replies = asyncio.run(all_at_once())
+    for prompt, reply in zip(prompts, replies, strict=True):
+        expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], 10)
+        stop = next((i for i, t in enumerate(expected) if t in (tok.eos_id, tok.turn_end_id)), len(expected))
+        assert reply["choices"][0]["text"] == tok.decode(expected[:stop], skip_special_tokens=True), prompt
+        assert reply["usage"]["completion_tokens"] == stop
+    assert metric(server, "vllm:time_to_first_token_seconds_count") == ttft_before + len(prompts)
+    generated = sum(r["usage"]["completion_tokens"] for r in replies)
+    assert metric(server, "vllm:generation_tokens_total") == tokens_before + generated
+    assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_seed_temperature_and_stop(server):
+    def complete(**kw):
+        body = {"model": MODEL, "prompt": "numbers:", "max_tokens": 16, **kw}
+        r = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    assert complete(temperature=1.0, seed=3)["text"] == complete(temperature=1.0, seed=3)["text"]
+    samples = {complete(temperature=1.0, seed=s)["text"] for s in range(4)}
+    assert len(samples) > 1, "different seeds should sample different replies"
+
+    # A stop string ends the reply before it, even where it spans tokens.
+    replies = ((s, complete(temperature=1.0, seed=s)["text"]) for s in range(20))
+    seed, text = next((s, t) for s, t in replies if len(t) > 8)
+    stop = text[4:8]
+    stopped = complete(temperature=1.0, seed=seed, stop=["never-there", stop])
+    assert stopped == {**stopped, "text": text[: text.find(stop)], "finish_reason": "stop"}
+    assert complete(temperature=1.0, seed=seed, max_tokens=2)["finish_reason"] == "length"
+
+
+def test_bad_requests_are_named(server):
+    def post(body):
+        return httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
+
+    r = post({"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    r = post({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = post({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.role"
+    r = post({"model": MODEL, "messages": [{"role": "user", "content": "word " * 400}]})
+    assert r.status_code == 400 and "maximum context length is 256" in r.json()["error"]["message"]

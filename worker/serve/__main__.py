@@ -1,0 +1,3 @@
+from worker.serve.server import main
+
+main()

@@ -1,0 +1,319 @@
+"""The built-in model server: vLLM's HTTP API over ``generate.Engine``.
+
+    python -m worker.serve --model DIR --served-model-name NAME [--host H] [--port P]
+                           [--max-num-seqs N] [--max-model-len N]
+
+``/health``, ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
+``stream_options.include_usage``; the model's chat template; EOS and ``stop``; ``max_tokens``,
+``temperature``, ``top_p``, ``seed``), and ``/metrics`` with vLLM's metric names, so what probes,
+scrapes and benchmarks a vLLM endpoint works on this one unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, Field, ValidationError
+
+from worker.serve import generate
+from worker.training.data import GEMMA, chat_turns
+
+# vLLM's buckets for these histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+class Message(BaseModel):
+    role: str = Field(pattern="^(system|user|assistant)$")
+    content: str
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionRequest(Sampling):
+    prompt: str
+
+
+class Metrics:
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token, from arrival", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens", ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Time per output token", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token", E2E_BUCKETS)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", labels, registry=r).labels(model)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", labels, registry=r).labels(model)
+        self.requests = Counter("vllm:request_success", "Finished requests", [*labels, "finished_reason"], registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests being decoded", labels, registry=r).labels(model)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", labels, registry=r).labels(model)
+        self.kv_cache = Gauge("vllm:kv_cache_usage_perc", "KV cache rows in use (0-1)", labels, registry=r).labels(
+            model
+        )
+        self.model = model
+
+
+class Generation:
+    """One request's tokens, from the engine thread to the event loop, with its timings."""
+
+    def __init__(self, server: Server, prompt_ids: list[int], body: Sampling) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.stops = body.stops
+        self.prompt_tokens = len(prompt_ids)
+        self.ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        max_tokens = body.max_tokens or server.engine.max_model_len - len(prompt_ids)
+        self.request = generate.Request(
+            prompt_ids, max_tokens, self._emit, temperature=body.temperature, top_p=body.top_p, seed=body.seed
+        )
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+
+    def _emit(self, token: int | None, finish: str | None) -> None:  # on the engine thread
+        now = time.perf_counter()
+        if token is not None:
+            if self.first_at is None:
+                self.first_at = now
+                self.server.metrics.ttft.observe(now - self.request.arrival)
+            else:
+                self.server.metrics.itl.observe(now - self.last_at)
+            self.last_at = now
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (token, finish))
+
+    async def deltas(self):
+        """The reply's text as it grows. A stop string ends it before the string; text that could be
+        the start of a stop string is held back until the next tokens tell (as vLLM does)."""
+        engine = self.server.engine
+        hold = max((len(s) for s in self.stops), default=1) - 1
+        self.server.metrics.prompt_tokens.inc(self.prompt_tokens)
+        engine.submit(self.request)
+        full = ""
+        try:
+            while self.finish_reason is None:
+                token, finish = await self.queue.get()
+                if finish is not None:
+                    self.finish_reason = finish
+                    end = len(full)  # the held-back tail goes out
+                else:
+                    self.ids.append(token)
+                    full = engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+                    if full.endswith("\ufffd"):
+                        continue  # a character split across tokens: wait for the rest
+                    end = len(full) - hold
+                    found = [at for s in self.stops if (at := full.find(s, max(0, len(self.text) - len(s)))) >= 0]
+                    if found:
+                        end = min(found)
+                        self.finish_reason = "stop"
+                        engine.finish_early(self.request)
+                if end > len(self.text):
+                    delta = full[len(self.text) : end]
+                    self.text += delta
+                    yield delta
+        finally:
+            if self.finish_reason is None:  # the client went away
+                engine.finish_early(self.request)
+            self._record()
+
+    def _record(self) -> None:
+        m = self.server.metrics
+        now = time.perf_counter()
+        m.generation_tokens.inc(len(self.ids))
+        m.e2e.observe(now - self.request.arrival)
+        if len(self.ids) > 1 and self.first_at is not None:
+            m.tpot.observe((self.last_at - self.first_at) / (len(self.ids) - 1))
+        if self.finish_reason in ("stop", "length"):
+            m.requests.labels(m.model, self.finish_reason).inc()
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.ids),
+            "total_tokens": self.prompt_tokens + len(self.ids),
+        }
+
+
+class Server:
+    def __init__(self, engine: generate.Engine, served_model_name: str) -> None:
+        self.engine = engine
+        self.name = served_model_name
+        self.metrics = Metrics(served_model_name)
+        self.created = int(time.time())
+
+    def chat_prompt(self, messages: list[Message]) -> list[int]:
+        """The chat template (Gemma's turns), ending with the model's turn opened."""
+        tok, f = self.engine.tokenizer, GEMMA
+        ids = [tok.bos_id]
+        for role, content in chat_turns([m.model_dump() for m in messages]):
+            ids += [tok.turn_start_id, *tok.encode(f"{role}\n{content}"), tok.turn_end_id, *tok.encode("\n")]
+        return ids + [tok.turn_start_id, *tok.encode(f"{f.model_role}\n")]
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = "NotFoundError" if status == 404 else "BadRequestError"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def create_app(server: Server) -> FastAPI:
+    app = FastAPI(title="Tunedeck model server", docs_url=None, redoc_url=None)
+
+    @app.get("/health")
+    def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    def list_models() -> dict:
+        card = {
+            "id": server.name,
+            "object": "model",
+            "created": server.created,
+            "owned_by": "tunedeck",
+            "root": str(server.engine.model_dir),
+            "max_model_len": server.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        m, e = server.metrics, server.engine
+        m.running.set(e.running)
+        m.waiting.set(e.waiting)
+        m.kv_cache.set(e.running / e.max_num_seqs)
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def parse(request: Request, schema: type[Sampling]) -> Sampling | JSONResponse:
+        try:
+            body = schema.model_validate_json(await request.body())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            return _error(400, f"{where}: {err['msg']}", where)
+        if body.model != server.name:
+            return _error(404, f"The model `{body.model}` does not exist.", "model")
+        return body
+
+    async def respond(body: Sampling, prompt_ids: list[int], chat: bool) -> Response:
+        try:
+            gen = Generation(server, prompt_ids, body)
+            if len(prompt_ids) + 1 > server.engine.max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {server.engine.max_model_len} tokens; the prompt has "
+                    f"{len(prompt_ids)}."
+                )
+        except ValueError as exc:
+            return _error(400, str(exc), "messages" if chat else "prompt")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+            if not chat:
+                return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+        if body.stream:
+            chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+            usage = body.stream_options is not None and body.stream_options.include_usage
+
+            async def events():
+                head = {"id": rid, "object": chunk_obj, "created": created, "model": server.name}
+                if chat:
+                    yield _sse({**head, "choices": [choice("", None, first=True)]})
+                async for delta in gen.deltas():
+                    yield _sse({**head, "choices": [choice(delta, None)]})
+                yield _sse({**head, "choices": [choice(None, gen.finish_reason)]})
+                if usage:
+                    yield _sse({**head, "choices": [], "usage": gen.usage})
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async for _ in gen.deltas():
+            pass
+        if chat:
+            c = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "finish_reason": gen.finish_reason}
+        else:
+            c = {"index": 0, "text": gen.text, "logprobs": None, "finish_reason": gen.finish_reason}
+        return JSONResponse(
+            {"id": rid, "object": obj, "created": created, "model": server.name, "choices": [c], "usage": gen.usage}
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse(request, ChatRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        return await respond(body, server.chat_prompt(body.messages), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse(request, CompletionRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        tok = server.engine.tokenizer
+        return await respond(body, [tok.bos_id, *tok.encode(body.prompt)], chat=False)
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description="Tunedeck's built-in model server (vLLM's HTTP API)")
+    ap.add_argument("--model", required=True, help="a Hugging Face checkpoint directory (a merged artifact)")
+    ap.add_argument("--served-model-name", default=None, help="the model id clients use (default: the directory)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together at most")
+    ap.add_argument("--max-model-len", type=int, default=1024, help="prompt + reply tokens at most")
+    args = ap.parse_args(argv)
+
+    engine = generate.Engine(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    engine.start()
+    server = Server(engine, args.served_model_name or args.model)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", access_log=False)
