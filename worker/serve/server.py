@@ -110,15 +110,17 @@ class Generation:
         self.last_at: float | None = None
 
     def _emit(self, token: int | None, finish: str | None) -> None:  # on the engine thread
-        now = time.perf_counter()
-        if token is not None:
-            if self.first_at is None:
-                self.first_at = now
-                self.server.metrics.ttft.observe(now - self.request.arrival)
-            else:
-                self.server.metrics.itl.observe(now - self.last_at)
-            self.last_at = now
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (token, finish))
+
+    def _timing(self) -> None:
+        """A token reached the response (timed here, on the event loop, as the client will see it)."""
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+            self.server.metrics.ttft.observe(now - self.request.arrival)
+        else:
+            self.server.metrics.itl.observe(now - self.last_at)
+        self.last_at = now
 
     async def deltas(self):
         """The reply's text as it grows. A stop string ends it before the string; text that could be
@@ -135,6 +137,7 @@ class Generation:
                     self.finish_reason = finish
                     end = len(full)  # the held-back tail goes out
                 else:
+                    self._timing()
                     self.ids.append(token)
                     full = engine.tokenizer.decode(self.ids, skip_special_tokens=True)
                     if full.endswith("\ufffd"):
