@@ -24,6 +24,7 @@ from app.core.templating import render
 from app.datasets import openai_routes as dataset_openai_routes
 from app.datasets import pages as dataset_pages
 from app.datasets import routes as dataset_routes
+from app.endpoints import routes as endpoint_routes
 from app.pools import pages as pool_pages
 from app.pools import routes as pool_routes
 from app.runs import openai_routes as run_openai_routes
@@ -77,6 +78,7 @@ def create_app() -> FastAPI:
         run_routes,
         run_openai_routes,
         artifact_routes,
+        endpoint_routes,
         auth_pages,
         dataset_pages,
         pool_pages,

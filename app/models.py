@@ -4,6 +4,7 @@ from app.artifacts.models import Artifact
 from app.auth.models import ApiToken, User
 from app.base_models.models import RegisteredModel
 from app.datasets.models import Dataset
+from app.endpoints.models import Endpoint
 from app.pools.models import Pool, WorkerHost
 from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
@@ -11,6 +12,7 @@ __all__ = [
     "ApiToken",
     "Artifact",
     "Dataset",
+    "Endpoint",
     "Pool",
     "RegisteredModel",
     "Run",

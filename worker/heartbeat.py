@@ -1,5 +1,6 @@
 """A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
-and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued."""
+and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued,
+and its silent endpoints marked failed (their model server went with their host)."""
 
 import logging
 import threading
@@ -7,6 +8,7 @@ import threading
 from app.artifacts import service as artifacts
 from app.core.config import get_settings
 from app.core.db import session_scope
+from app.endpoints import service as endpoints
 from app.pools import service as pools
 from app.runs import service as runs
 
@@ -36,6 +38,8 @@ class Heartbeat:
                 log.warning("run %s lost its worker: re-queued", run_id)
             for artifact_id in artifacts.requeue_stale(session, self.pool):
                 log.warning("artifact %s lost its worker: re-queued", artifact_id)
+            for endpoint_id in endpoints.fail_stale(session, self.pool):
+                log.warning("endpoint %s lost its worker", endpoint_id)
 
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds

@@ -3,7 +3,7 @@
 from app.core import queue
 from app.core.db import session_scope
 from app.datasets import service as datasets
-from worker import artifacts, runs
+from worker import artifacts, endpoints, runs
 from worker.celery_app import celery
 
 
@@ -21,3 +21,8 @@ def train_run(self, run_id: str) -> None:
 @celery.task(name=queue.BUILD_ARTIFACT, bind=True)
 def build_artifact(self, artifact_id: str) -> None:
     artifacts.execute(artifact_id, self.request.hostname)
+
+
+@celery.task(name=queue.START_ENDPOINT, bind=True)
+def start_endpoint(self, endpoint_id: str) -> None:
+    endpoints.launch(endpoint_id, self.request.hostname)

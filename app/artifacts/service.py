@@ -30,6 +30,8 @@ from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
 from app.core.security import new_id
+from app.endpoints.models import ACTIVE as ENDPOINT_ACTIVE
+from app.endpoints.models import Endpoint
 from app.runs.models import Run, RunCheckpoint, RunStatus
 
 MAX_ATTEMPTS = 3
@@ -220,6 +222,11 @@ def _finish(session: Session, artifact: Artifact, status: ArtifactStatus, error:
 def delete(session: Session, artifact: Artifact) -> None:
     if artifact.status in ACTIVE:
         raise ArtifactError("id", f"artifact {artifact.id} is {artifact.status}: wait for it to finish", conflict=True)
+    serving = session.exec(
+        select(Endpoint.id).where(Endpoint.artifact_id == artifact.id, Endpoint.status.in_(ENDPOINT_ACTIVE))
+    ).first()
+    if serving is not None:
+        raise ArtifactError("id", f"endpoint {serving} serves artifact {artifact.id}: stop it first", conflict=True)
     fs, root = _fs(artifact.path)
     if fs.exists(root):
         fs.rm(root, recursive=True)

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
+    serve_host: str = Field(
+        default="127.0.0.1",
+        description="the address model servers of this worker bind and are reached at (by the web process)",
+    )
     artifact_store: str = Field(
         default="",
         description="where finished artifacts are kept: an fsspec URL prefix (gs://bucket/prefix); "

@@ -17,6 +17,7 @@ GENERAL_QUEUE = "general"
 VALIDATE_DATASET = "tunedeck.datasets.validate"
 TRAIN_RUN = "tunedeck.runs.train"
 BUILD_ARTIFACT = "tunedeck.artifacts.build"
+START_ENDPOINT = "tunedeck.endpoints.start"
 
 
 def make_celery() -> Celery:

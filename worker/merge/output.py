@@ -2,8 +2,9 @@
 
 The files go into a temporary directory beside the destination (``.<name>.tmp-*``), which is renamed
 to the destination only once complete and on disk (every file and the directory fsync()ed first, so
-a machine that loses power never shows a renamed directory with files missing their data). The temporary directory is flock()ed while its merge lives, so
-a later merge can tell a dead run's leftover (lock free: it removes it) from a live one's.
+a machine that loses power never shows a renamed directory with files missing their data). The
+temporary directory is flock()ed while its merge lives, so a later merge can tell a dead run's
+leftover (lock free: it removes it) from a live one's.
 """
 
 from __future__ import annotations

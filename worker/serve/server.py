@@ -316,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=1024, help="prompt + reply tokens at most")
     args = ap.parse_args(argv)
 
+    print("tunedeck-phase: loading", flush=True)
     engine = generate.Engine(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    print("tunedeck-phase: compiling", flush=True)
     engine.start()
     server = Server(engine, args.served_model_name or args.model)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", access_log=False)

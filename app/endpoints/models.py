@@ -1,0 +1,79 @@
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index
+from sqlmodel import AutoString, Field, SQLModel
+
+from app.core.db import utcnow
+
+
+class EndpointStatus(StrEnum):
+    pending = "pending"  # queued for a worker of its pool
+    starting = "starting"  # the model server is starting (its phase says how far)
+    ready = "ready"  # healthy: serving requests
+    failed = "failed"  # it could not start, or its model server died (error says why)
+    stopping = "stopping"  # stop requested; the worker is stopping it
+    stopped = "stopped"
+
+
+ACTIVE = {EndpointStatus.pending, EndpointStatus.starting, EndpointStatus.ready, EndpointStatus.stopping}
+
+
+class Runtime(StrEnum):
+    local = "local"  # the built-in model server (python -m worker.serve), on the worker's host
+
+
+class Endpoint(SQLModel, table=True):
+    __tablename__ = "endpoints"
+    __table_args__ = (Index("ix_endpoints_owner_created", "owner_id", "created_at", "id"),)
+    id: str = Field(primary_key=True, max_length=32)
+    owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
+    artifact_id: str = Field(foreign_key="artifacts.id", ondelete="CASCADE", index=True, max_length=32)
+    model: str = Field(max_length=160, description="the served model id: the artifact's name")
+    pool: str = Field(max_length=64)
+    runtime: Runtime = Field(default=Runtime.local, sa_type=AutoString(16))
+    status: EndpointStatus = Field(default=EndpointStatus.pending, index=True, sa_type=AutoString(16))
+    phase: str | None = Field(default=None, max_length=32)  # loading, compiling, ... while starting
+    settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    url: str | None = Field(default=None, max_length=255)  # the model server's base URL once started
+    worker: str | None = Field(default=None, max_length=255)
+    pid: int | None = None  # the endpoint's supervisor process on the worker's host
+    heartbeat_at: datetime | None = None
+    error: str | None = None
+    attempts: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    ready_at: datetime | None = None
+    stopped_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class EndpointCreate(SQLModel):
+    artifact_id: str
+    pool: str = "cpu"
+    max_model_len: int = Field(default=1024, ge=16, le=1_048_576)
+    max_num_seqs: int = Field(default=16, ge=1, le=1024)
+
+
+class EndpointPublic(SQLModel):
+    id: str
+    artifact_id: str
+    model: str
+    pool: str
+    runtime: Runtime
+    status: EndpointStatus
+    phase: str | None
+    settings: dict[str, Any]
+    url: str | None
+    error: str | None
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    ready_at: datetime | None
+    stopped_at: datetime | None
+
+
+class EndpointsPublic(SQLModel):
+    data: list[EndpointPublic]
+    count: int

@@ -1,0 +1,107 @@
+"""Endpoints API: /api/v1/endpoints (merged artifacts served on a pool)."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+
+from app.core.db import session_scope
+from app.core.deps import CurrentUser, SessionDep
+from app.core.routing import Route
+from app.core.sse import watch
+from app.endpoints import service
+from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointsPublic
+
+router = APIRouter(route_class=Route, prefix="/api/v1/endpoints", tags=["endpoints"])
+
+
+def _get(session, user, endpoint_id: str) -> Endpoint:
+    endpoint = service.get(session, user, endpoint_id)
+    if endpoint is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"endpoint {endpoint_id} not found")
+    return endpoint
+
+
+def _raise(exc: service.EndpointError):
+    if exc.conflict:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    raise HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
+    ) from exc
+
+
+def _fingerprint(e: dict) -> tuple:
+    return e["id"], e["status"], e["phase"], e["error"]
+
+
+@router.post("", response_model=EndpointPublic, status_code=status.HTTP_201_CREATED)
+def create_endpoint(data: EndpointCreate, session: SessionDep, user: CurrentUser) -> EndpointPublic:
+    """Deploy a merged artifact on a pool: a worker of the pool starts its model server."""
+    try:
+        return service.to_public(service.create(session, user, data))
+    except service.EndpointError as exc:
+        _raise(exc)
+
+
+@router.get("", response_model=EndpointsPublic)
+def list_endpoints(
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    artifact_id: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    """The user's endpoints, newest first; `?artifact_id=` filters; `?watch=true` streams the list (SSE)."""
+
+    def listed(s) -> dict:
+        rows = service.list_endpoints(s, user, artifact_id=artifact_id, limit=limit, offset=offset)
+        return EndpointsPublic(data=[service.to_public(e) for e in rows], count=len(rows)).model_dump(mode="json")
+
+    if not watch_:
+        return listed(session)
+
+    def snapshot():
+        with session_scope() as s:
+            body = listed(s)
+        return [_fingerprint(e) for e in body["data"]], body
+
+    return watch(request, snapshot)
+
+
+@router.get("/{endpoint_id}", response_model=EndpointPublic)
+def get_endpoint(
+    endpoint_id: str,
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    watch_: Annotated[bool, Query(alias="watch")] = False,
+):
+    endpoint = _get(session, user, endpoint_id)
+    if not watch_:
+        return service.to_public(endpoint)
+
+    def snapshot():
+        with session_scope() as s:
+            current = service.get(s, user, endpoint_id)
+            if current is None:
+                return None
+            body = service.to_public(current).model_dump(mode="json")
+        return _fingerprint(body), body
+
+    return watch(request, snapshot)
+
+
+@router.post("/{endpoint_id}/stop", response_model=EndpointPublic)
+def stop_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
+    """Stop serving: the model server's process ends and its port is freed."""
+    return service.to_public(service.request_stop(session, _get(session, user, endpoint_id)))
+
+
+@router.delete("/{endpoint_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> Response:
+    try:
+        service.delete(session, _get(session, user, endpoint_id))
+    except service.EndpointError as exc:
+        _raise(exc)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,194 @@
+"""Endpoints: a merged artifact served by a model server on a worker of a pool.
+
+Every change of an endpoint's state is a function here:
+
+    pending --start--> starting --ready--> ready --request_stop--> stopping --stopped--> stopped
+       |                   |                 |
+       |                   +------fail-------+--> failed       (the model server could not start, or died)
+       +--request_stop (no worker yet)--> stopped
+
+The worker side (``worker/endpoints.py``) calls ``start``, ``phase``, ``ready``, ``heartbeat``, ``fail``
+and ``stopped``; the API calls ``create``, ``request_stop`` and ``delete``. A worker host that goes
+silent leaves its endpoints ``failed`` (``fail_stale``): its model server went with it.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
+from app.auth.models import User
+from app.core import queue
+from app.core.config import get_settings
+from app.core.db import claim, utcnow
+from app.core.security import new_id
+from app.endpoints.models import ACTIVE, Endpoint, EndpointCreate, EndpointPublic, EndpointStatus, Runtime
+from app.pools.models import Pool
+
+MAX_ATTEMPTS = 3
+
+
+class EndpointError(ValueError):
+    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.field = field
+        self.conflict = conflict
+
+
+def to_public(endpoint: Endpoint) -> EndpointPublic:
+    return EndpointPublic(**endpoint.model_dump(exclude={"owner_id", "worker", "pid", "heartbeat_at", "updated_at"}))
+
+
+def list_endpoints(
+    session: Session, owner: User, *, artifact_id: str | None = None, limit: int = 100, offset: int = 0
+) -> list[Endpoint]:
+    query = select(Endpoint).where(Endpoint.owner_id == owner.id)
+    if artifact_id is not None:
+        query = query.where(Endpoint.artifact_id == artifact_id)
+    query = query.order_by(Endpoint.created_at.desc(), Endpoint.id.desc()).offset(offset).limit(limit)
+    return list(session.exec(query).all())
+
+
+def get(session: Session, owner: User, endpoint_id: str) -> Endpoint | None:
+    endpoint = session.get(Endpoint, endpoint_id)
+    return endpoint if endpoint is not None and endpoint.owner_id == owner.id else None
+
+
+def _runtime(pool: Pool) -> Runtime:
+    if pool.accelerator == "cpu":
+        return Runtime.local
+    raise EndpointError(
+        "pool",
+        f"pool {pool.name!r} has {pool.accelerator} hosts; serving there needs the vLLM container runtime, "
+        "which this version does not have yet (the cpu pool's built-in model server does)",
+    )
+
+
+def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
+    artifact = session.get(Artifact, data.artifact_id)
+    if artifact is None or artifact.owner_id != owner.id:
+        raise EndpointError("artifact_id", f"unknown artifact {data.artifact_id!r}")
+    if artifact.kind != ArtifactKind.merged:
+        raise EndpointError("artifact_id", f"artifact {artifact.id} is a PEFT adapter; deploy a merged model")
+    if artifact.status != ArtifactStatus.succeeded:
+        raise EndpointError("artifact_id", f"artifact {artifact.id} is {artifact.status}; only a built one deploys")
+    pool = session.get(Pool, data.pool)
+    if pool is None:
+        raise EndpointError("pool", f"unknown pool {data.pool!r}")
+    endpoint = Endpoint(
+        id=new_id("ep"),
+        owner_id=owner.id,
+        artifact_id=artifact.id,
+        model=artifact.name,
+        pool=pool.name,
+        runtime=_runtime(pool),
+        settings={"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs},
+    )
+    session.add(endpoint)
+    session.commit()
+    queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=pool.name)
+    return endpoint
+
+
+def request_stop(session: Session, endpoint: Endpoint) -> Endpoint:
+    """Stop: its worker stops the model server (``stopping``, then ``stopped``); one not started yet
+    stops at once."""
+    if endpoint.status == EndpointStatus.pending:
+        _set(session, endpoint, EndpointStatus.stopped, stopped_at=utcnow())
+    elif endpoint.status in (EndpointStatus.starting, EndpointStatus.ready):
+        _set(session, endpoint, EndpointStatus.stopping)
+    return endpoint
+
+
+def delete(session: Session, endpoint: Endpoint) -> None:
+    if endpoint.status in ACTIVE:
+        raise EndpointError("status", f"endpoint {endpoint.id} is {endpoint.status}; stop it first", conflict=True)
+    session.delete(endpoint)
+    session.commit()
+
+
+def _set(session: Session, endpoint: Endpoint, status: EndpointStatus, **values) -> None:
+    endpoint.status = status
+    for k, v in values.items():
+        setattr(endpoint, k, v)
+    endpoint.updated_at = utcnow()
+    session.add(endpoint)
+    session.commit()
+
+
+# --- worker side --------------------------------------------------------------------------------
+
+
+def start(session: Session, endpoint_id: str, worker: str, pid: int) -> Endpoint | None:
+    """A worker's supervisor takes the endpoint (``claim``); None when it is not pending any more."""
+    endpoint = session.get(Endpoint, endpoint_id)
+    if endpoint is None or endpoint.status != EndpointStatus.pending:
+        return None
+    if endpoint.attempts >= MAX_ATTEMPTS:
+        fail(session, endpoint, f"gave up after {endpoint.attempts} attempts")
+        return None
+    now = utcnow()
+    if not claim(
+        session,
+        endpoint,
+        status=EndpointStatus.starting,
+        phase="loading",
+        worker=worker,
+        pid=pid,
+        heartbeat_at=now,
+        started_at=now,
+        updated_at=now,
+    ):
+        return None
+    return endpoint
+
+
+def phase(session: Session, endpoint: Endpoint, name: str, url: str | None = None) -> None:
+    session.refresh(endpoint)
+    if endpoint.status == EndpointStatus.starting:
+        _set(session, endpoint, EndpointStatus.starting, phase=name, url=url or endpoint.url)
+
+
+def ready(session: Session, endpoint: Endpoint, url: str) -> None:
+    session.refresh(endpoint)
+    if endpoint.status == EndpointStatus.starting:
+        _set(session, endpoint, EndpointStatus.ready, phase=None, url=url, ready_at=utcnow())
+
+
+def heartbeat(session: Session, endpoint: Endpoint) -> EndpointStatus:
+    """Record liveness; returns the status (``stopping`` tells the supervisor to stop)."""
+    session.refresh(endpoint)
+    endpoint.heartbeat_at = utcnow()
+    session.add(endpoint)
+    session.commit()
+    return EndpointStatus(endpoint.status)
+
+
+def fail(session: Session, endpoint: Endpoint, error: str) -> None:
+    session.refresh(endpoint)
+    if endpoint.status in ACTIVE:
+        _set(session, endpoint, EndpointStatus.failed, phase=None, error=error[:2000], stopped_at=utcnow())
+
+
+def stopped(session: Session, endpoint: Endpoint) -> None:
+    session.refresh(endpoint)
+    _set(session, endpoint, EndpointStatus.stopped, phase=None, stopped_at=utcnow())
+
+
+def fail_stale(session: Session, pool: str) -> list[str]:
+    """Endpoints of this pool whose supervisor went silent: their host was lost, and its model server
+    with it. A stop requested meanwhile completes; anything else fails."""
+    cutoff = utcnow() - get_settings().stale_after
+    stale = session.exec(
+        select(Endpoint).where(
+            Endpoint.pool == pool,
+            Endpoint.status.in_([EndpointStatus.starting, EndpointStatus.ready, EndpointStatus.stopping]),
+            Endpoint.heartbeat_at < cutoff,
+        )
+    ).all()
+    for endpoint in stale:
+        if endpoint.status == EndpointStatus.stopping:
+            stopped(session, endpoint)
+        else:
+            fail(session, endpoint, f"no heartbeat from {endpoint.worker} for {get_settings().stale_seconds:.0f}s")
+    return [e.id for e in stale]

@@ -1,0 +1,113 @@
+"""Endpoints: a merged artifact deployed on the cpu pool reaches `ready` and answers the OpenAI SDK;
+a model server that dies is noticed with its exit reason; stopping frees the process and its port;
+bad requests are named."""
+
+import os
+import signal
+import socket
+from urllib.parse import urlparse
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.api.test_artifacts import CONFIG, wait_artifact
+from tests.api.test_runs_lifecycle import demo_dataset, wait_run
+
+
+@pytest.fixture(scope="module")
+def artifact(server, api) -> dict:
+    dataset = demo_dataset(server, api)
+    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": {**CONFIG, "max_steps": 3}})
+    assert r.status_code == 201, r.text
+    run = wait_run(server, api, r.json()["id"])
+    assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
+    (art,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
+    art = wait_artifact(server, api, art["id"])
+    assert art["status"] == "succeeded", art["error"]
+    return art
+
+
+def deploy(server, api, artifact) -> dict:
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 256, "max_num_seqs": 4})
+    assert r.status_code == 201, r.text
+    assert r.json()["status"] == "pending" and r.json()["model"] == artifact["name"]
+    return wait_endpoint(server, api, r.json()["id"], ("ready", "failed"))
+
+
+def wait_endpoint(server, api, endpoint_id: str, statuses: tuple[str, ...], timeout: float = 240) -> dict:
+    def reached():
+        e = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
+        return e if e["status"] in statuses else None
+
+    return server.wait_for(reached, timeout=timeout, interval=0.3, what=f"endpoint {endpoint_id} {statuses}")
+
+
+def model_server(endpoint: dict) -> psutil.Process:
+    port = str(urlparse(endpoint["url"]).port)
+    (proc,) = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "worker.serve" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
+    ]
+    return proc
+
+
+def test_deploy_chat_kill_and_stop(server, api, artifact):
+    endpoint = deploy(server, api, artifact)
+    assert endpoint["status"] == "ready", (endpoint["error"], server.log()[-3000:])
+    assert endpoint["ready_at"] and endpoint["phase"] is None
+
+    client = OpenAI(base_url=endpoint["url"] + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == [artifact["name"]]
+    chunks = list(
+        client.chat.completions.create(
+            model=artifact["name"],
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage.completion_tokens >= 1
+
+    # An artifact being served cannot be deleted.
+    assert api.delete(f"/api/v1/artifacts/{artifact['id']}").status_code == 409
+
+    # The model server dies: the endpoint fails, saying how.
+    os.kill(model_server(endpoint).pid, signal.SIGKILL)
+    failed = wait_endpoint(server, api, endpoint["id"], ("failed",), timeout=60)
+    assert "killed by SIGKILL" in failed["error"], failed
+
+    # Another one, stopped: its process ends and its port is free again.
+    second = deploy(server, api, artifact)
+    assert second["status"] == "ready", second["error"]
+    proc = model_server(second)
+    assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 409  # still serving
+    assert api.post(f"/api/v1/endpoints/{second['id']}/stop").json()["status"] == "stopping"
+    stopped = wait_endpoint(server, api, second["id"], ("stopped",), timeout=60)
+    assert stopped["stopped_at"]
+    with pytest.raises(psutil.NoSuchProcess):
+        proc.status()  # the model server's process is gone
+    url = urlparse(second["url"])
+    with socket.socket() as s:
+        assert s.connect_ex((url.hostname, url.port)) != 0, "the port should be closed"
+    assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 204
+    assert api.get(f"/api/v1/endpoints/{second['id']}").status_code == 404
+    listed = api.get("/api/v1/endpoints", params={"artifact_id": artifact["id"]}).json()["data"]
+    assert [e["id"] for e in listed] == [endpoint["id"]]
+
+
+def test_bad_deploy_requests_are_named(api, artifact):
+    before = api.get("/api/v1/endpoints").json()["count"]
+
+    def field_of(r):
+        assert r.status_code == 422, r.text
+        return r.json()["detail"][0]["loc"][-1]
+
+    assert field_of(api.post("/api/v1/endpoints", json={"artifact_id": "art-nope"})) == "artifact_id"
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "pool": "nope"})
+    assert field_of(r) == "pool" and "unknown pool" in r.text
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 4})
+    assert field_of(r) == "max_model_len"
+    assert api.get("/api/v1/endpoints").json()["count"] == before, "a refused deploy creates nothing"
