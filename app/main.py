@@ -24,6 +24,7 @@ from app.core.templating import render
 from app.datasets import openai_routes as dataset_openai_routes
 from app.datasets import pages as dataset_pages
 from app.datasets import routes as dataset_routes
+from app.endpoints import gateway as endpoint_gateway
 from app.endpoints import routes as endpoint_routes
 from app.pools import pages as pool_pages
 from app.pools import routes as pool_routes
@@ -79,6 +80,7 @@ def create_app() -> FastAPI:
         run_openai_routes,
         artifact_routes,
         endpoint_routes,
+        endpoint_gateway,
         auth_pages,
         dataset_pages,
         pool_pages,

@@ -4,7 +4,7 @@ from app.artifacts.models import Artifact
 from app.auth.models import ApiToken, User
 from app.base_models.models import RegisteredModel
 from app.datasets.models import Dataset
-from app.endpoints.models import Endpoint
+from app.endpoints.models import Endpoint, EndpointSample
 from app.pools.models import Pool, WorkerHost
 from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
@@ -13,6 +13,7 @@ __all__ = [
     "Artifact",
     "Dataset",
     "Endpoint",
+    "EndpointSample",
     "Pool",
     "RegisteredModel",
     "Run",

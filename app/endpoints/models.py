@@ -49,6 +49,33 @@ class Endpoint(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
+class EndpointSample(SQLModel, table=True):
+    """One request's latency and tokens: real traffic through the gateway, or a probe."""
+
+    __tablename__ = "endpoint_samples"
+    __table_args__ = (Index("ix_endpoint_samples_endpoint_at", "endpoint_id", "at"),)
+    id: int | None = Field(default=None, primary_key=True)
+    endpoint_id: str = Field(foreign_key="endpoints.id", ondelete="CASCADE", max_length=32)
+    at: datetime = Field(default_factory=utcnow)
+    source: str = Field(max_length=16)  # "gateway" or "probe"
+    ttft_s: float | None = None  # request sent -> first token
+    duration_s: float  # request sent -> last byte
+    output_tokens: int = 0
+    status_code: int = 200
+    error: str | None = Field(default=None, max_length=500)
+
+
+class EndpointSamplePublic(SQLModel):
+    at: datetime
+    source: str
+    ttft_s: float | None
+    duration_s: float
+    output_tokens: int
+    tokens_per_s: float | None  # output tokens after the first, per second of decoding
+    status_code: int
+    error: str | None
+
+
 class EndpointCreate(SQLModel):
     artifact_id: str
     pool: str = "cpu"

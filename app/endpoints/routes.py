@@ -1,15 +1,16 @@
 """Endpoints API: /api/v1/endpoints (merged artifacts served on a pool)."""
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from app.core.db import session_scope
+from app.core.db import session_scope, utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
 from app.core.sse import watch
 from app.endpoints import service
-from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointsPublic
+from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointSamplePublic, EndpointsPublic
 
 router = APIRouter(route_class=Route, prefix="/api/v1/endpoints", tags=["endpoints"])
 
@@ -90,6 +91,18 @@ def get_endpoint(
         return _fingerprint(body), body
 
     return watch(request, snapshot)
+
+
+@router.get("/{endpoint_id}/samples", response_model=list[EndpointSamplePublic])
+def endpoint_samples(
+    endpoint_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    minutes: Annotated[int, Query(ge=1, le=7 * 24 * 60)] = 60,
+) -> list[EndpointSamplePublic]:
+    """Latency and throughput of the endpoint's requests (gateway traffic and probes), oldest first."""
+    endpoint = _get(session, user, endpoint_id)
+    return service.samples(session, endpoint, since=utcnow() - timedelta(minutes=minutes))
 
 
 @router.post("/{endpoint_id}/stop", response_model=EndpointPublic)

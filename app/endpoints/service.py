@@ -14,6 +14,8 @@ silent leaves its endpoints ``failed`` (``fail_stale``): its model server went w
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlmodel import Session, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
@@ -22,7 +24,16 @@ from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
 from app.core.security import new_id
-from app.endpoints.models import ACTIVE, Endpoint, EndpointCreate, EndpointPublic, EndpointStatus, Runtime
+from app.endpoints.models import (
+    ACTIVE,
+    Endpoint,
+    EndpointCreate,
+    EndpointPublic,
+    EndpointSample,
+    EndpointSamplePublic,
+    EndpointStatus,
+    Runtime,
+)
 from app.pools.models import Pool
 
 MAX_ATTEMPTS = 3
@@ -88,6 +99,39 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     session.commit()
     queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=pool.name)
     return endpoint
+
+
+def serving(session: Session, owner: User, model: str) -> Endpoint | None:
+    """The user's ready endpoint serving ``model`` (the newest, if several)."""
+    query = select(Endpoint).where(
+        Endpoint.owner_id == owner.id, Endpoint.model == model, Endpoint.status == EndpointStatus.ready
+    )
+    return session.exec(query.order_by(Endpoint.ready_at.desc())).first()
+
+
+def ready_endpoints(session: Session, owner: User) -> list[Endpoint]:
+    query = select(Endpoint).where(Endpoint.owner_id == owner.id, Endpoint.status == EndpointStatus.ready)
+    return list(session.exec(query.order_by(Endpoint.model)).all())
+
+
+def record_sample(session: Session, endpoint_id: str, source: str, **values) -> None:
+    session.add(EndpointSample(endpoint_id=endpoint_id, source=source, **values))
+    session.commit()
+
+
+def samples(session: Session, endpoint: Endpoint, *, since: datetime) -> list[EndpointSamplePublic]:
+    rows = session.exec(
+        select(EndpointSample)
+        .where(EndpointSample.endpoint_id == endpoint.id, EndpointSample.at >= since)
+        .order_by(EndpointSample.at)
+    ).all()
+    out = []
+    for r in rows:
+        decoding = r.duration_s - (r.ttft_s or 0.0)
+        streamed = r.ttft_s is not None and r.output_tokens > 1 and decoding > 0
+        rate = (r.output_tokens - 1) / decoding if streamed else None
+        out.append(EndpointSamplePublic(**r.model_dump(exclude={"id", "endpoint_id"}), tokens_per_s=rate))
+    return out
 
 
 def request_stop(session: Session, endpoint: Endpoint) -> Endpoint:

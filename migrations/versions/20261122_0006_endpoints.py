@@ -2,7 +2,7 @@
 
 Revision ID: 0006
 Revises: 0005
-Create Date: 2026-11-22 08:46:08.433514
+Create Date: 2026-11-22 08:49:58.062139
 """
 
 from collections.abc import Sequence
@@ -49,8 +49,29 @@ def upgrade() -> None:
         batch_op.create_index("ix_endpoints_owner_created", ["owner_id", "created_at", "id"], unique=False)
         batch_op.create_index(batch_op.f("ix_endpoints_status"), ["status"], unique=False)
 
+    op.create_table(
+        "endpoint_samples",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("endpoint_id", sqlmodel.sql.sqltypes.AutoString(length=32), nullable=False),
+        sa.Column("at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
+        sa.Column("source", sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
+        sa.Column("ttft_s", sa.Float(), nullable=True),
+        sa.Column("duration_s", sa.Float(), nullable=False),
+        sa.Column("output_tokens", sa.Integer(), nullable=False),
+        sa.Column("status_code", sa.Integer(), nullable=False),
+        sa.Column("error", sqlmodel.sql.sqltypes.AutoString(length=500), nullable=True),
+        sa.ForeignKeyConstraint(["endpoint_id"], ["endpoints.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("endpoint_samples", schema=None) as batch_op:
+        batch_op.create_index("ix_endpoint_samples_endpoint_at", ["endpoint_id", "at"], unique=False)
+
 
 def downgrade() -> None:
+    with op.batch_alter_table("endpoint_samples", schema=None) as batch_op:
+        batch_op.drop_index("ix_endpoint_samples_endpoint_at")
+
+    op.drop_table("endpoint_samples")
     with op.batch_alter_table("endpoints", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_endpoints_status"))
         batch_op.drop_index("ix_endpoints_owner_created")

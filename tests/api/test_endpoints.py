@@ -1,4 +1,5 @@
-"""Endpoints: a merged artifact deployed on the cpu pool reaches `ready` and answers the OpenAI SDK;
+"""Endpoints: a merged artifact deployed on the cpu pool reaches `ready` and answers the OpenAI SDK,
+straight and through Tunedeck's authenticated gateway (which records each request's TTFT and tokens);
 a model server that dies is noticed with its exit reason; stopping frees the process and its port;
 bad requests are named."""
 
@@ -9,7 +10,7 @@ from urllib.parse import urlparse
 
 import psutil
 import pytest
-from openai import OpenAI
+from openai import AuthenticationError, NotFoundError, OpenAI
 
 from tests.api.test_artifacts import CONFIG, wait_artifact
 from tests.api.test_runs_lifecycle import demo_dataset, wait_run
@@ -70,6 +71,29 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
         )
     )
     assert chunks[-1].usage.completion_tokens >= 1
+
+    # Through the gateway, with a Tunedeck token: listed, streamed, usage reported, and recorded.
+    gateway = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    assert artifact["name"] in [m.id for m in gateway.models.list()]
+    chunks = list(
+        gateway.chat.completions.create(
+            model=artifact["name"],
+            messages=[{"role": "user", "content": "hello again"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage.completion_tokens >= 1 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    (sample,) = api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json()
+    assert sample["source"] == "gateway" and sample["status_code"] == 200 and sample["error"] is None
+    assert sample["output_tokens"] == usage.completion_tokens and 0 < sample["ttft_s"] <= sample["duration_s"]
+    r = OpenAI(base_url=f"{server.base_url}/v1", api_key="td_wrong").with_options(max_retries=0)
+    with pytest.raises(AuthenticationError):
+        r.models.list()
+    with pytest.raises(NotFoundError, match="not deployed"):
+        gateway.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
 
     # An artifact being served cannot be deleted.
     assert api.delete(f"/api/v1/artifacts/{artifact['id']}").status_code == 409
