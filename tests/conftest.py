@@ -109,6 +109,7 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
             "TUNEDECK_ADMIN_PASSWORD": secrets.token_urlsafe(12),
             "TUNEDECK_ADMIN_TOKEN": "td_test_" + secrets.token_urlsafe(24),
             "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
+            "TUNEDECK_PROBE_SECONDS": "1",
             "PYTHONUNBUFFERED": "1",
         }
     )

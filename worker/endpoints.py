@@ -1,6 +1,7 @@
 """Serving an endpoint: a supervisor process per endpoint (`python -m worker.endpoints ENDPOINT_ID
 WORKER`) that starts the model server, follows its phases to ready, beats the endpoint's heartbeat,
-stops it when asked, and records why it died if it dies.
+probes it every TUNEDECK_PROBE_SECONDS once ready (a small streamed request, then a scrape of its
+/metrics: one sample), stops it when asked, and records why it died if it dies.
 
 The Celery task only launches the supervisor, in a session of its own, and returns: an endpoint lives
 for hours and must hold no worker slot (training and merges need them), nor die when the worker
@@ -22,6 +23,7 @@ from app.core.config import get_settings
 from app.core.db import session_scope
 from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, EndpointStatus
+from worker.probe import Scraper, probe
 from worker.runs import die_with_parent
 
 POLL_S = 0.5
@@ -89,6 +91,8 @@ def supervise(endpoint_id: str, worker: str) -> None:
 
 def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log: Path) -> None:
     seen = 0
+    scraper = Scraper(url)
+    probed_at = 0.0
     while True:
         code = child.poll()
         if code is not None:
@@ -101,6 +105,9 @@ def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log:
             return
         if status not in (EndpointStatus.starting, EndpointStatus.ready):
             return  # failed or stopped from elsewhere
+        if status == EndpointStatus.ready and time.monotonic() - probed_at >= get_settings().probe_seconds:
+            probed_at = time.monotonic()
+            _probe(session, endpoint, url, scraper)
         if status == EndpointStatus.starting:
             text = log.read_text(errors="replace") if log.exists() else ""
             lines = text[seen:].splitlines()
@@ -114,6 +121,16 @@ def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log:
             except httpx.HTTPError:
                 pass
         time.sleep(POLL_S)
+
+
+def _probe(session, endpoint: Endpoint, url: str, scraper: Scraper) -> None:
+    """A probe request, then a scrape of /metrics (which so counts the probe too), as one sample."""
+    sample = probe(url, endpoint.model)
+    try:
+        sample |= scraper()
+    except httpx.HTTPError as exc:
+        sample["error"] = sample["error"] or f"scraping /metrics failed: {exc}"
+    endpoints.record_sample(session, endpoint.id, "probe", **sample)
 
 
 def _last_line(log: Path) -> str:

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
+    probe_seconds: float = Field(
+        default=15.0, gt=0, description="how often each ready endpoint is probed and its /metrics scraped"
+    )
     serve_host: str = Field(
         default="127.0.0.1",
         description="the address model servers of this worker bind and are reached at (by the web process)",

@@ -63,6 +63,12 @@ class EndpointSample(SQLModel, table=True):
     output_tokens: int = 0
     status_code: int = 200
     error: str | None = Field(default=None, max_length=500)
+    # Scraped from the model server's /metrics with a probe (vLLM's names): since the previous scrape
+    server_ttft_s: float | None = None  # mean of vllm:time_to_first_token_seconds
+    generation_tokens_per_s: float | None = None  # rate of vllm:generation_tokens_total
+    running: int | None = None  # vllm:num_requests_running
+    waiting: int | None = None  # vllm:num_requests_waiting
+    kv_cache_usage: float | None = None  # vllm:kv_cache_usage_perc (0-1)
 
 
 class EndpointSamplePublic(SQLModel):
@@ -74,6 +80,11 @@ class EndpointSamplePublic(SQLModel):
     tokens_per_s: float | None  # output tokens after the first, per second of decoding
     status_code: int
     error: str | None
+    server_ttft_s: float | None
+    generation_tokens_per_s: float | None
+    running: int | None
+    waiting: int | None
+    kv_cache_usage: float | None
 
 
 class EndpointCreate(SQLModel):

@@ -2,7 +2,7 @@
 
 Revision ID: 0006
 Revises: 0005
-Create Date: 2026-11-22 08:49:58.062139
+Create Date: 2026-11-22 08:51:49.361299
 """
 
 from collections.abc import Sequence
@@ -60,6 +60,11 @@ def upgrade() -> None:
         sa.Column("output_tokens", sa.Integer(), nullable=False),
         sa.Column("status_code", sa.Integer(), nullable=False),
         sa.Column("error", sqlmodel.sql.sqltypes.AutoString(length=500), nullable=True),
+        sa.Column("server_ttft_s", sa.Float(), nullable=True),
+        sa.Column("generation_tokens_per_s", sa.Float(), nullable=True),
+        sa.Column("running", sa.Integer(), nullable=True),
+        sa.Column("waiting", sa.Integer(), nullable=True),
+        sa.Column("kv_cache_usage", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["endpoint_id"], ["endpoints.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )

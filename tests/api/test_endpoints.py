@@ -86,9 +86,19 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     )
     usage = chunks[-1].usage
     assert usage.completion_tokens >= 1 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    (sample,) = api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json()
-    assert sample["source"] == "gateway" and sample["status_code"] == 200 and sample["error"] is None
+    samples = api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json()
+    (sample,) = [s for s in samples if s["source"] == "gateway"]
+    assert sample["status_code"] == 200 and sample["error"] is None
     assert sample["output_tokens"] == usage.completion_tokens and 0 < sample["ttft_s"] <= sample["duration_s"]
+
+    # The prober (every second here) times a small request and scrapes vLLM's metrics.
+    def scraped_twice():
+        probes = [s for s in api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json() if s["source"] == "probe"]
+        return probes if len(probes) >= 2 else None
+
+    probe = server.wait_for(scraped_twice, timeout=30, what="two probes")[-1]
+    assert probe["error"] is None and probe["output_tokens"] >= 1 and probe["ttft_s"] > 0, probe
+    assert probe["server_ttft_s"] > 0 and probe["generation_tokens_per_s"] > 0 and probe["running"] == 0, probe
     r = OpenAI(base_url=f"{server.base_url}/v1", api_key="td_wrong").with_options(max_retries=0)
     with pytest.raises(AuthenticationError):
         r.models.list()
