@@ -25,6 +25,7 @@ from app.datasets import openai_routes as dataset_openai_routes
 from app.datasets import pages as dataset_pages
 from app.datasets import routes as dataset_routes
 from app.endpoints import gateway as endpoint_gateway
+from app.endpoints import pages as endpoint_pages
 from app.endpoints import routes as endpoint_routes
 from app.pools import pages as pool_pages
 from app.pools import routes as pool_routes
@@ -86,6 +87,7 @@ def create_app() -> FastAPI:
         pool_pages,
         run_pages,
         artifact_pages,
+        endpoint_pages,
         web_pages,
     ):
         app.include_router(module.router)

@@ -2,7 +2,7 @@
  * (with download links) and the verification of a merged model. */
 (function () {
   "use strict";
-  const { el, watch, fmtBytes } = window.TD;
+  const { el, api, watch, fmtBytes } = window.TD;
   const $ = (id) => document.getElementById(id);
   const artifact = JSON.parse($("artifact-data").textContent);
   const base = "/api/v1/artifacts/" + encodeURIComponent(artifact.id);
@@ -38,10 +38,42 @@
     $("verification").replaceChildren(...rows.flatMap(([k, val]) => [el("dt", {}, k), el("dd", {}, val)]));
   }
 
+  // Deploy (a merged model that succeeded): a pool, then the new endpoint's page.
+  async function setUpDeploy() {
+    const button = $("deploy-button");
+    if (!button) return;
+    try {
+      const pools = await api("/api/v1/pools");
+      const list = Array.isArray(pools) ? pools : pools.data;
+      $("deploy-pool").replaceChildren(...list.map((p) => el("option", { value: p.name }, p.name + " (" + p.accelerator + ")")));
+    } catch (_) {
+      $("deploy-pool").replaceChildren(el("option", { value: "cpu" }, "cpu"));
+    }
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        const endpoint = await api("/api/v1/endpoints", { method: "POST", json: { artifact_id: artifact.id, pool: $("deploy-pool").value } });
+        location.href = "/endpoints/" + encodeURIComponent(endpoint.id);
+      } catch (err) {
+        $("artifact-error").textContent = err.message;
+        $("artifact-error").hidden = false;
+        button.disabled = false;
+      }
+    });
+  }
+
+  function showDeploy(a) {
+    const actions = $("deploy-actions");
+    if (actions) actions.hidden = !(a.status === "succeeded" && a.verification && a.verification.passed);
+  }
+
+  setUpDeploy();
+  showDeploy(artifact);
   render(artifact);
   watch(base + "?watch=true", {
     update: (a, src) => {
       render(a);
+      showDeploy(a);
       if (["succeeded", "failed"].includes(a.status)) {
         src.close();
         $("live").classList.remove("on");

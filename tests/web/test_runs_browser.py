@@ -317,3 +317,57 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
         ("adapter", 20, "succeeded"),
         ("merged", 60, "succeeded"),
     ]
+
+
+def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page: Page, server, demo_dataset):
+    client = server.client()
+    run_id = _launched.get("run_id")
+    if run_id is None:  # run alone: make the run through the API
+        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+    run = wait_run(server, client, run_id)
+    assert run["status"] == "succeeded", describe_failure(server, client, run_id)
+
+    def merged():
+        arts = client.get("/api/v1/artifacts", params={"run_id": run_id}).json()["data"]
+        art = next((a for a in arts if a["kind"] == "merged"), None)
+        return art if art and art["status"] in ("succeeded", "failed") else None
+
+    art = server.wait_for(merged, timeout=TRAIN_TIMEOUT_S, what="the merged artifact")
+    assert art["status"] == "succeeded", art["error"]
+
+    # Deploy from the artifact's page, on the cpu pool: the endpoint's page follows it to ready.
+    page.goto(f"/artifacts/{art['id']}")
+    expect(page.locator("#deploy-actions")).to_be_visible(timeout=10_000)
+    page.select_option("#deploy-pool", "cpu")
+    page.click("#deploy-button")
+    expect(page).to_have_url(re.compile(r".*/endpoints/ep-[0-9a-f]+$"))
+    expect(page.locator("#endpoint-status")).to_have_text("ready", timeout=TRAIN_TIMEOUT)
+    expect(page.locator("#gateway-url")).to_have_text(f"{server.base_url}/v1")
+
+    # The playground streams a reply through the gateway, with its TTFT and tokens/s.
+    page.fill("#chat-input", "Hello there!")
+    page.click("#chat-send")
+    expect(page.locator(".chat-stats")).to_contain_text("TTFT", timeout=60_000)
+    expect(page.locator(".chat-stats")).to_contain_text("tokens")
+    expect(page.locator(".chat-assistant")).not_to_have_text("")
+
+    # The charts fill with the probes' and the playground's requests.
+    for chart in ("ttft-chart", "tps-chart"):
+        page.wait_for_function(
+            "id => window.Chart && Chart.getChart(document.getElementById(id)).data.datasets[0].data.length > 0",
+            arg=chart,
+            timeout=30_000,
+        )
+    expect(page.locator("#ttft-empty")).to_be_hidden()
+    expect(page.locator("#ttft-summary")).to_contain_text("p50")
+    page.screenshot(path=str(ARTIFACTS / "endpoint-page.png"), full_page=True)
+
+    # Stop: the endpoint stops, and the list shows it so.
+    page.click("#stop-button")
+    expect(page.locator("#endpoint-status")).to_have_text("stopped", timeout=60_000)
+    endpoint_id = page.url.rsplit("/", 1)[1]
+    page.goto("/endpoints")
+    expect(page.locator("#endpoints-table tbody")).to_contain_text(endpoint_id)
+    expect(page.locator("#endpoints-table tbody tr", has_text=endpoint_id)).to_contain_text("stopped")

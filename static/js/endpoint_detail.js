@@ -1,0 +1,210 @@
+/* One endpoint, live: its status and phase over /api/v1/endpoints/{id}?watch=true; TTFT (p50, p95) and
+ * output tokens/s over the last hour from its samples (gateway traffic and probes), re-read every 3 s;
+ * and a playground that streams chat replies through the gateway, showing each reply's TTFT and
+ * tokens/s as this browser measured them. */
+(function () {
+  "use strict";
+  const { el, api, watch, csrfHeaders, errorMessage } = window.TD;
+  const R = window.TDRuns;
+  const $ = (id) => document.getElementById(id);
+  let endpoint = JSON.parse($("endpoint-data").textContent);
+  const base = "/api/v1/endpoints/" + encodeURIComponent(endpoint.id);
+  const BUCKET_S = 15;
+  const ACTIVE = ["pending", "starting", "ready", "stopping"];
+  $("gateway-url").textContent = location.origin + "/v1";
+
+  function render(e) {
+    endpoint = e;
+    const pill = $("endpoint-status");
+    pill.className = "pill pill-lg pill-ep-" + e.status;
+    pill.textContent = e.status;
+    $("endpoint-phase").textContent = e.status === "starting" && e.phase ? e.phase + "…" : "";
+    $("endpoint-error").textContent = e.error || "";
+    $("endpoint-error").hidden = !e.error;
+    $("stop-button").disabled = !["pending", "starting", "ready"].includes(e.status);
+    $("chat-send").disabled = e.status !== "ready";
+  }
+
+  $("stop-button").addEventListener("click", async () => {
+    $("stop-button").disabled = true;
+    try {
+      render(await api(base + "/stop", { method: "POST" }));
+    } catch (err) {
+      $("endpoint-error").textContent = err.message;
+      $("endpoint-error").hidden = false;
+    }
+  });
+
+  // ---------- charts ----------
+  const series = { p50: [], p95: [], tps: [], server: [] };
+  const charts = {};
+  const minutesAgo = { x: { title: { display: true, text: "minutes ago" }, ticks: { callback: (v) => (-v).toFixed(0) } } };
+  const timeTitle = { tooltip: { callbacks: { title: (items) => (items.length ? (-items[0].parsed.x).toFixed(1) + " min ago" : "") } } };
+
+  function makeCharts() {
+    if (!window.Chart) return;
+    charts.ttft = new window.Chart($("ttft-chart"), {
+      type: "line",
+      data: { datasets: [
+        R.lineDataset("p50", "#4f46e5", { data: series.p50, pointRadius: 2 }),
+        R.lineDataset("p95", "#d97706", { data: series.p95, pointRadius: 2, borderDash: [5, 4] }),
+      ] },
+      options: R.lineOptions({ scales: Object.assign({ y: { beginAtZero: true, title: { display: true, text: "ms" } } }, minutesAgo),
+        plugins: Object.assign({ legend: { display: true, position: "top", align: "end" } }, timeTitle) }),
+    });
+    charts.tps = new window.Chart($("tps-chart"), {
+      type: "line",
+      data: { datasets: [
+        R.lineDataset("per request", "#16a34a", { data: series.tps, pointRadius: 2, fill: true }),
+        R.lineDataset("server, all requests", "#0891b2", { data: series.server, pointRadius: 2, borderDash: [5, 4] }),
+      ] },
+      options: R.lineOptions({ scales: Object.assign({ y: { beginAtZero: true, title: { display: true, text: "tokens / s" } } }, minutesAgo),
+        plugins: Object.assign({ legend: { display: true, position: "top", align: "end" } }, timeTitle) }),
+    });
+  }
+
+  function quantile(sorted, q) {
+    const i = (sorted.length - 1) * q;
+    const lo = Math.floor(i), hi = Math.ceil(i);
+    return sorted[lo] + (sorted[hi] - sorted[lo]) * (i - lo);
+  }
+
+  function fill(target, points) {
+    target.splice(0, target.length);
+    for (const p of points) target.push(p);
+  }
+
+  function renderSamples(samples) {
+    const now = Date.now();
+    const buckets = new Map();
+    for (const s of samples) {
+      const t = window.TD.parseDate(s.at).getTime();
+      const key = Math.floor((now - t) / 1000 / BUCKET_S);
+      if (!buckets.has(key)) buckets.set(key, []);
+      buckets.get(key).push(s);
+    }
+    const keys = [...buckets.keys()].sort((a, b) => b - a);
+    const at = (k) => -((k + 0.5) * BUCKET_S) / 60;
+    const p50 = [], p95 = [], tps = [], server = [];
+    for (const k of keys) {
+      const group = buckets.get(k);
+      const ttfts = group.filter((s) => s.ttft_s !== null).map((s) => 1000 * s.ttft_s).sort((a, b) => a - b);
+      if (ttfts.length) {
+        p50.push({ x: at(k), y: quantile(ttfts, 0.5) });
+        p95.push({ x: at(k), y: quantile(ttfts, 0.95) });
+      }
+      const rates = group.filter((s) => s.tokens_per_s !== null).map((s) => s.tokens_per_s);
+      if (rates.length) tps.push({ x: at(k), y: rates.reduce((a, b) => a + b, 0) / rates.length });
+      const gen = group.filter((s) => s.generation_tokens_per_s !== null).map((s) => s.generation_tokens_per_s);
+      if (gen.length) server.push({ x: at(k), y: gen.reduce((a, b) => a + b, 0) / gen.length });
+    }
+    fill(series.p50, p50); fill(series.p95, p95); fill(series.tps, tps); fill(series.server, server);
+    for (const c of Object.values(charts)) c.update("none");
+    $("ttft-empty").hidden = p50.length > 0;
+    $("tps-empty").hidden = tps.length > 0 || server.length > 0;
+    const all = samples.filter((s) => s.ttft_s !== null).map((s) => 1000 * s.ttft_s).sort((a, b) => a - b);
+    $("ttft-summary").textContent = all.length
+      ? "p50 " + quantile(all, 0.5).toFixed(0) + " ms · p95 " + quantile(all, 0.95).toFixed(0) + " ms · " + all.length + " requests"
+      : "";
+    $("tps-summary").textContent = tps.length ? "latest " + tps[tps.length - 1].y.toFixed(0) + " tokens/s" : "";
+  }
+
+  async function refreshSamples() {
+    try {
+      renderSamples(await api(base + "/samples?minutes=60"));
+    } catch (_) { /* the next refresh tries again */ }
+    if (ACTIVE.includes(endpoint.status)) setTimeout(refreshSamples, 3000);
+  }
+
+  // ---------- playground ----------
+  const history = [];
+
+  function bubble(role, text) {
+    const node = el("div", { className: "chat-msg chat-" + role }, text);
+    $("chat-log").append(node);
+    $("chat-log").scrollTop = $("chat-log").scrollHeight;
+    return node;
+  }
+
+  $("chat-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = $("chat-input").value.trim();
+    if (!text) return;
+    $("chat-input").value = "";
+    history.push({ role: "user", content: text });
+    bubble("user", text);
+    const reply = bubble("assistant", "");
+    const stats = el("div", { className: "chat-stats" }, "waiting for the first token…");
+    $("chat-log").append(stats);
+    $("chat-send").disabled = true;
+    const started = performance.now();
+    let first = null, last = null, tokens = null, content = "";
+    try {
+      const res = await fetch("/v1/chat/completions", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: csrfHeaders({ "Content-Type": "application/json" }),
+        body: JSON.stringify({
+          model: endpoint.model, messages: history, stream: true, stream_options: { include_usage: true },
+          max_tokens: Number($("max-tokens").value), temperature: Number($("temperature").value),
+          top_p: Number($("top-p").value),
+        }),
+      });
+      if (!res.ok) {
+        let body = null;
+        try { body = await res.json(); } catch (_) { body = null; }
+        throw new Error(errorMessage(body, res.status + " " + res.statusText));
+      }
+      const reader = res.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        const events = buffer.split("\n\n");
+        buffer = events.pop();
+        for (const ev of events) {
+          const data = ev.startsWith("data: ") ? ev.slice(6) : "";
+          if (!data || data === "[DONE]") continue;
+          const chunk = JSON.parse(data);
+          if (chunk.usage) tokens = chunk.usage.completion_tokens;
+          const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta && chunk.choices[0].delta.content;
+          if (delta) {
+            if (first === null) first = performance.now();
+            last = performance.now();
+            content += delta;
+            reply.textContent = content;
+          }
+        }
+      }
+      history.push({ role: "assistant", content });
+      const parts = [];
+      if (first !== null) parts.push("TTFT " + (first - started).toFixed(0) + " ms");
+      if (tokens !== null) parts.push(tokens + " tokens");
+      if (tokens > 1 && last > first) parts.push(((tokens - 1) / ((last - first) / 1000)).toFixed(0) + " tokens/s");
+      stats.textContent = parts.join(" · ") || "no tokens";
+    } catch (err) {
+      history.pop();
+      reply.remove();
+      stats.textContent = err.message;
+      stats.classList.add("text-error");
+    } finally {
+      $("chat-send").disabled = endpoint.status !== "ready";
+    }
+  });
+
+  render(endpoint);
+  makeCharts();
+  refreshSamples();
+  watch(base + "?watch=true", {
+    update: (e, src) => {
+      render(e);
+      if (!ACTIVE.includes(e.status)) {
+        src.close();
+        $("live").classList.remove("on");
+        $("live").textContent = "Finished";
+      }
+    },
+  }, $("live"));
+})();
