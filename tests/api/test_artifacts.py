@@ -5,12 +5,9 @@ import hashlib
 import os
 import signal
 
-import pytest
-
+from tests.api.conftest import TINY_RUN
 from tests.api.test_runs_lifecycle import demo_dataset, wait_run, worker_tree
 from tests.conftest import make_user, start_server, stop_server
-
-CONFIG = {"max_steps": 6, "batch_size": 8, "max_seq_len": 64, "checkpoint_every_steps": 3, "learning_rate": 0.01}
 
 
 def wait_artifact(server, client, artifact_id: str, timeout: float = 300) -> dict:
@@ -21,17 +18,8 @@ def wait_artifact(server, client, artifact_id: str, timeout: float = 300) -> dic
     return server.wait_for(done, timeout=timeout, interval=0.5, what=f"artifact {artifact_id}")
 
 
-@pytest.fixture(scope="module")
-def run(server, api) -> dict:
-    dataset = demo_dataset(server, api)
-    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": CONFIG})
-    assert r.status_code == 201, r.text
-    run = wait_run(server, api, r.json()["id"])
-    assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
-    return run
-
-
-def test_a_succeeded_run_gets_its_merged_model_verified(server, api, run):
+def test_a_succeeded_run_gets_its_merged_model_verified(server, api, trained_run):
+    run = trained_run
     (listed,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
     art = wait_artifact(server, api, listed["id"])
     assert art["status"] == "succeeded", (art["error"], server.log()[-3000:])
@@ -51,7 +39,8 @@ def test_a_succeeded_run_gets_its_merged_model_verified(server, api, run):
     assert api.get(f"/api/v1/artifacts/{art['id']}/files/../../server.log").status_code == 404
 
 
-def test_adapter_export_of_an_earlier_checkpoint_and_bad_requests(server, api, run):
+def test_adapter_export_of_an_earlier_checkpoint_and_bad_requests(server, api, trained_run):
+    run = trained_run
     r = api.post("/api/v1/artifacts", json={"run_id": run["id"], "kind": "adapter", "checkpoint_step": 3})
     assert r.status_code == 201, r.text
     art = wait_artifact(server, api, r.json()["id"])
@@ -91,7 +80,7 @@ def test_a_killed_build_is_requeued_and_lands_in_the_artifact_store(tmp_path_fac
     try:
         api = server.client()
         dataset = demo_dataset(server, api)
-        config = {**CONFIG, "max_steps": 3}
+        config = {**TINY_RUN, "max_steps": 3}
         run = wait_run(
             server, api, api.post("/api/v1/runs", json={"dataset_id": dataset, "config": config}).json()["id"]
         )

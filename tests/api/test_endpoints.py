@@ -12,18 +12,14 @@ import psutil
 import pytest
 from openai import AuthenticationError, NotFoundError, OpenAI
 
-from tests.api.test_artifacts import CONFIG, wait_artifact
-from tests.api.test_runs_lifecycle import demo_dataset, wait_run
+from tests.api.test_artifacts import wait_artifact
 
 
 @pytest.fixture(scope="module")
-def artifact(server, api) -> dict:
-    dataset = demo_dataset(server, api)
-    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": {**CONFIG, "max_steps": 3}})
-    assert r.status_code == 201, r.text
-    run = wait_run(server, api, r.json()["id"])
-    assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
-    (art,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
+def artifact(server, api, trained_run) -> dict:
+    """The merged artifact of the shared tiny run."""
+    listed = api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
+    (art,) = [a for a in listed if a["kind"] == "merged"]
     art = wait_artifact(server, api, art["id"])
     assert art["status"] == "succeeded", art["error"]
     return art
