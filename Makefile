@@ -45,6 +45,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/merge.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) data test-artifacts
