@@ -27,14 +27,18 @@ browser:  ## Debian's Chromium, for the browser tests (never a downloaded one)
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less broker
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
-# The tests that run a real server (web + worker), on PostgreSQL + Redis; the engine, merge and
-# validator tests touch neither, and `make test` runs them.
-SERVER_TESTS := tests/api tests/web tests/test_cli.py
+# The API and CLI tests, which run a real server (web + worker), again on PostgreSQL + Redis. Not
+# again there: the engine, merge, model-server and validator tests (they touch neither), the browser
+# tests (the pages call the same API, which tests/api covers on PostgreSQL), and the artifact-store
+# test (fsspec; the lost-worker re-queue it also covers runs on PostgreSQL in the run SIGKILL test).
+SERVER_TESTS := tests/api tests/test_cli.py
+NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
-	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) $(BIN)/pytest -q $(SERVER_TESTS)
+	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \
+		$(BIN)/pytest -q --durations=15 $(SERVER_TESTS) $(NOT_ON_PG)
 
 lint: $(VENV)/.installed-dev  ## ruff: lint and format check
 	$(BIN)/ruff check app worker tests bench migrations

@@ -59,7 +59,9 @@ class Engine:
         from worker.merge.verify import weights_dtype
         from worker.training import models
         from worker.training.data import ChatTokenizer
+        from worker.training.engine import configure_compilation_cache
 
+        configure_compilation_cache()  # the same persistent cache as training: a redeploy compiles nothing
         self.model_dir = Path(model_dir)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.stop_ids = {self.tokenizer.eos_id, self.tokenizer.turn_end_id}
