@@ -2,13 +2,16 @@
 
 The merge reads the base through fsspec, tensor by tensor in chunks of rows, adds the LoRA delta in
 float32 and casts back to the base dtype, and streams the result into HF-named shards whose headers
-are written first (every shape and dtype is known from the base's headers). Memory stays flat in the
-model size: a chunk buffer per shard being written, the LoRA factors and the libraries.
+are written first (every shape and dtype is known from the base's headers, so every tensor's place in
+its shard is too). Memory stays flat in the model size: a chunk buffer per core, the LoRA factors and
+the libraries.
 
-Speed comes from the CPU caches and the cores: a chunk is small enough (about 1 MB) to be read, merged,
-hashed and written while it stays in the CPU's cache, all on one thread, and the shards are written in
-parallel, one thread each (numpy's matmul and casts, hashlib and file I/O release the GIL; scipy's BLAS
-wrappers do not, so the products go through numpy). Tensors without a LoRA delta
+Speed comes from the CPU caches and the cores: the tensors are cut into pieces that every core takes in
+turn, and a chunk of a piece is small enough (about 1 MB) to be read, merged, cast and written at its
+place in the shard while it stays in the core's cache (numpy's matmul and casts, hashlib and file I/O
+release the GIL; scipy's BLAS wrappers do not, so the products go through numpy). Each shard is hashed
+by a thread of its own, which follows the shard's written prefix (sha256 is sequential; the rest is
+not). Tensors without a LoRA delta
 (embedding, norms, a vision or audio tower, anything else) are copied byte for byte. Every other file
 of the base (config.json, generation_config.json, tokenizer files, chat template) is copied, except
 weights in any format and weight indexes: a base's stale index must never describe the new shards.
@@ -20,6 +23,7 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import itertools
 import json
 import os
 import posixpath
@@ -43,6 +47,9 @@ from worker.training import models
 # cache between read, merge, hash and write (bench/merge.py, 4.4 GB base on 2 cores: 16 MB chunks handed
 # between threads took 3.4-3.6x cp's time; these chunks, one thread per shard, 2.6x).
 CHUNK_BYTES = 1024 * 1024
+# The unit of work a core takes: a run of chunks of one tensor (a 1 GB embedding is 32 of them).
+PIECE_BYTES = 32 * 1024 * 1024
+FLUSH_BYTES = 64 * 1024 * 1024  # a shard's hashed bytes are sent to disk in steps of this size
 PROGRESS_EVERY_S = 0.2
 SHARD_METADATA = {"format": "pt"}  # what transformers expects in a safetensors header
 INDEX = "model.safetensors.index.json"
@@ -255,75 +262,111 @@ class _Reporter:
 
 
 class _Merger:
-    """Writes shards, each on a thread of its own: a chunk of rows is read into the thread's buffer,
-    gets its LoRA delta, is hashed and written, and the buffer is reused for the next."""
+    """Writes the shards with every core: the tensors are cut into pieces (a run of chunks of one
+    tensor), which the worker threads take in turn, round robin over the shards; a chunk is read into
+    the worker's buffer, gets its LoRA delta and is written at its place in its shard, and the buffer
+    is reused for the next. Each shard has a thread of its own that hashes the file as its written
+    prefix grows (reading it back from the page cache) and fsyncs it once complete."""
 
     def __init__(self, base: Checkpoint, loras: dict[str, mapping.HFLora], scale: float, chunk: int) -> None:
         self.base = base
-        self.loras = loras
-        self.scale = np.float32(scale)
+        # per merged tensor: A (r, in) and B (out, r) scaled by alpha / r, contiguous float32
+        self.factors = {
+            name: (np.ascontiguousarray(f.a, np.float32), np.ascontiguousarray(f.b, np.float32) * np.float32(scale))
+            for name, f in loras.items()
+        }
         self.chunk = chunk
-        self.failed = threading.Event()  # one shard failed: the others stop
+        self.failed = threading.Event()  # a thread failed: the others stop
 
     def write_shards(
         self, root: Path, names: list[str], headers: list[bytes], groups: list[list[TensorInfo]], report: _Reporter
     ) -> list[FileEntry]:
-        threads = min(len(groups), len(os.sched_getaffinity(0)))
-        with ThreadPoolExecutor(threads, thread_name_prefix="shard") as pool:
-            shards = [
-                pool.submit(self._write_shard, root, n, h, g, report)
-                for n, h, g in zip(names, headers, groups, strict=True)
-            ]
-            wait(shards, return_when=FIRST_EXCEPTION)
-            if any(s.done() and s.exception() for s in shards):
+        shards: list[_Shard] = []
+        try:
+            for n, h, g in zip(names, headers, groups, strict=True):
+                shards.append(_Shard(root / n, h, sum(t.nbytes for t in g)))
+            report.add(sum(len(h) for h in headers))
+            return self._write(shards, headers, groups, report)
+        finally:
+            for s in shards:
+                s.close()
+
+    def _write(
+        self, shards: list[_Shard], headers: list[bytes], groups: list[list[TensorInfo]], report: _Reporter
+    ) -> list[FileEntry]:
+        pieces = [self._pieces(s, len(h), g) for s, h, g in zip(shards, headers, groups, strict=True)]
+        todo = iter([p for batch in itertools.zip_longest(*pieces) for p in batch if p is not None])
+        take = threading.Lock()
+        workers = len(os.sched_getaffinity(0))
+        with ThreadPoolExecutor(workers + len(shards), thread_name_prefix="merge") as pool:
+            jobs = [pool.submit(self._work, todo, take, report) for _ in range(workers)]
+            hashes = [pool.submit(s.hash, self.failed) for s in shards]
+            wait(jobs + hashes, return_when=FIRST_EXCEPTION)
+            if any(j.done() and j.exception() for j in jobs + hashes):
                 self.failed.set()
                 for s in shards:
-                    s.cancel()
-            return [s.result() for s in shards]  # the first failure, if any, raises here
+                    s.wake()
+            for j in jobs:
+                j.result()  # the first failure, if any, raises here
+            return [h.result() for h in hashes]
 
-    def _write_shard(
-        self, root: Path, name: str, header: bytes, tensors: list[TensorInfo], report: _Reporter
-    ) -> FileEntry:
+    def _pieces(self, shard: _Shard, start: int, tensors: list[TensorInfo]) -> list[_Piece]:
+        """``tensors``' bytes in pieces of about PIECE_BYTES (whole rows where a LoRA delta is added),
+        each with its place in the shard."""
+        pieces = []
+        for t in tensors:
+            step = PIECE_BYTES
+            if t.name in self.factors:
+                row = t.nbytes // t.shape[0]
+                step = max(1, PIECE_BYTES // row) * row
+            for begin in range(0, t.nbytes, step):
+                pieces.append(_Piece(shard, t, begin, min(begin + step, t.nbytes), start + begin))
+            start += t.nbytes
+        return pieces
+
+    def _work(self, todo: Iterator[_Piece], take: threading.Lock, report: _Reporter) -> None:
         buf = bytearray(self.chunk)
         work = np.empty(self.chunk // 4, np.float32)
-        digest = hashlib.sha256(header)
-        size = len(header)
-        with contextlib.ExitStack() as files, open(root / name, "wb") as out:
-            out.write(header)
-            report.add(len(header))
-            opened: dict = {}
-            for t in tensors:
+        opened: dict = {}
+        with contextlib.ExitStack() as files:
+            while not self.failed.is_set():
+                with take:
+                    piece = next(todo, None)
+                if piece is None:
+                    return
+                t = piece.tensor
                 if t.file not in opened:
                     opened[t.file] = files.enter_context(self.base.fs.open(self.base.path(t.file), "rb"))
-                for view in self._chunks(opened[t.file], t, buf, work):
+                at = piece.out
+                for view in self._chunks(opened[t.file], piece, buf, work):
                     if self.failed.is_set():
-                        raise RuntimeError("stopped: another shard failed")
-                    digest.update(view)
-                    out.write(view)
-                    size += len(view)
-                    report.add(len(view))
-            out.flush()
-            os.fsync(out.fileno())  # on disk while the other shards are still being written
-        return FileEntry(name, size, digest.hexdigest())
+                        return
+                    while view:
+                        written = os.pwrite(piece.shard.fd, view, at)
+                        view, at = view[written:], at + written
+                        report.add(written)
+                piece.shard.wrote(piece.out, at)
 
-    def _chunks(self, f, t: TensorInfo, buf: bytearray, work: np.ndarray) -> Iterator[memoryview]:
-        """``t``'s bytes as merged, chunk by chunk, each a view of ``buf`` (valid until the next)."""
-        f.seek(t.offset)
-        lora = self.loras.get(t.name)
-        if lora is None:
-            for start in range(0, t.nbytes, len(buf)):
-                view = memoryview(buf)[: min(len(buf), t.nbytes - start)]
+    def _chunks(self, f, piece: _Piece, buf: bytearray, work: np.ndarray) -> Iterator[memoryview]:
+        """The piece's bytes as merged, chunk by chunk, each a view of ``buf`` (valid until the next)."""
+        t = piece.tensor
+        f.seek(t.offset + piece.start)
+        factors = self.factors.get(t.name)
+        if factors is None:
+            for start in range(piece.start, piece.stop, len(buf)):
+                view = memoryview(buf)[: min(len(buf), piece.stop - start)]
                 self._read(f, view, t)
                 yield view
             return
         dtype = FLOAT_DTYPES[t.dtype]
-        out_dim, in_dim = t.shape
-        a = np.ascontiguousarray(lora.a)  # (r, in)
-        b = np.ascontiguousarray(lora.b) * self.scale  # (out, r), scaled once
+        in_dim = t.shape[1]
+        row = in_dim * dtype.itemsize
+        a, b = factors
         rows = max(1, len(buf) // (in_dim * 4))
-        for r0 in range(0, out_dim, rows):
-            n = min(rows, out_dim - r0)
-            view = memoryview(buf)[: n * in_dim * dtype.itemsize]
+        stop = piece.stop // row
+        for r0 in range(piece.start // row, stop, rows):
+            n = min(rows, stop - r0)
+            view = memoryview(buf)[: n * row]
             self._read(f, view, t)
             weight = np.frombuffer(buf, dtype, n * in_dim).reshape(n, in_dim)
             delta = work[: n * in_dim].reshape(n, in_dim)
@@ -339,6 +382,92 @@ class _Merger:
             if not n:
                 raise ValueError(f"{self.base.url}/{t.file}: ends inside tensor {t.name}")
             done += n
+
+
+@dataclasses.dataclass
+class _Piece:
+    shard: _Shard
+    tensor: TensorInfo
+    start: int  # byte range of the tensor
+    stop: int
+    out: int  # where byte ``start`` goes in the shard
+
+
+class _Shard:
+    """One output file, written piece by piece at any offset by any thread; ``hash`` follows the
+    contiguous written prefix."""
+
+    def __init__(self, path: Path, header: bytes, data_bytes: int) -> None:
+        self.path = path
+        self.size = len(header) + data_bytes
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.pwrite(self.fd, header, 0)
+        self.prefix = len(header)  # bytes 0..prefix are written
+        self.hashed = 0  # bytes 0..hashed are hashed (and may go to disk)
+        self.ahead: dict[int, int] = {}  # start -> end of pieces written beyond the prefix
+        self.cond = threading.Condition()
+
+    def wrote(self, start: int, end: int) -> None:
+        with self.cond:
+            self.ahead[start] = end
+            while self.prefix in self.ahead:
+                self.prefix = self.ahead.pop(self.prefix)
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def hash(self, failed: threading.Event) -> FileEntry:
+        """sha256 of the file, read back as its prefix is written; then fsync() it, so it is on disk while
+        the other shards are still being written. The hashed bytes go to disk as the hash proceeds."""
+        digest = hashlib.sha256()
+        buf = memoryview(bytearray(CHUNK_BYTES))
+        done = 0
+        more, last = threading.Event(), threading.Event()
+        flusher = threading.Thread(target=self._flush_behind, args=(more, last), name=f"flush-{self.path.name}")
+        flusher.start()
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                while done < self.size:
+                    with self.cond:
+                        while self.prefix == done and not failed.is_set():
+                            self.cond.wait()
+                        if failed.is_set():
+                            raise RuntimeError("stopped: another part of the merge failed")
+                        ready = self.prefix
+                    while done < ready:
+                        n = os.preadv(f.fileno(), [buf[: min(len(buf), ready - done)]], done)
+                        digest.update(buf[:n])
+                        done += n
+                        if done - self.hashed >= FLUSH_BYTES:
+                            self.hashed = done
+                            more.set()
+        finally:
+            last.set()
+            more.set()
+            flusher.join()
+        os.fsync(self.fd)
+        return FileEntry(self.path.name, self.size, digest.hexdigest())
+
+    def _flush_behind(self, more: threading.Event, last: threading.Event) -> None:
+        """fdatasync() the file whenever more of it is hashed, until the hash ends: a disk that buffers
+        writes then flushes them while the merge goes on, not all in the final fsync."""
+        flushed = 0
+        while True:
+            more.wait()
+            if last.is_set():
+                return
+            more.clear()
+            hashed = self.hashed
+            # Linux starts writing the dirty pages back on this advice (and drops them from the page cache
+            # once written); fdatasync waits for them and the disk's cache.
+            os.posix_fadvise(self.fd, flushed, hashed - flushed, os.POSIX_FADV_DONTNEED)
+            os.fdatasync(self.fd)
+            flushed = hashed
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def export_peft(
