@@ -1,7 +1,8 @@
 """Serving an endpoint: a supervisor process per endpoint (`python -m worker.endpoints ENDPOINT_ID
-WORKER`) that starts the model server, follows its phases to ready, beats the endpoint's heartbeat,
-probes it every TUNEDECK_PROBE_SECONDS once ready (a small streamed request, then a scrape of its
-/metrics: one sample), stops it when asked, and records why it died if it dies.
+WORKER`) that starts its model server through the endpoint's runtime (worker/runtimes.py: the built-in
+server, or vLLM's container), follows its phases to ready, beats the endpoint's heartbeat with the tail
+of the server's output, probes it every TUNEDECK_PROBE_SECONDS once ready (a small streamed request,
+then a scrape of its /metrics: one sample), stops it when asked, and records why it died if it dies.
 
 The Celery task only launches the supervisor, in a session of its own, and returns: an endpoint lives
 for hours and must hold no worker slot (training and merges need them), nor die when the worker
@@ -9,7 +10,6 @@ process that launched it is recycled.
 """
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,17 +18,19 @@ from pathlib import Path
 
 import httpx
 
-from app.artifacts.models import Artifact
+from app.artifacts.models import Artifact, ArtifactKind
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, EndpointStatus
+from app.pools.models import Pool
+from app.runs.models import Run
+from worker import runtimes
 from worker.probe import Scraper, probe
-from worker.runs import die_with_parent
+from worker.runs import base_model_dir
 
 POLL_S = 0.5
-STOP_GRACE_S = 20.0
-PHASE_PREFIX = "tunedeck-phase: "  # what the model server prints as it goes (worker/serve/server.py)
+LOG_EVERY_S = 2.0  # how often the server's latest output is copied to the endpoint
 
 
 def log_path(endpoint_id: str) -> Path:
@@ -55,52 +57,52 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def exit_reason(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
 def supervise(endpoint_id: str, worker: str) -> None:
     with session_scope() as session:
         endpoint = endpoints.start(session, endpoint_id, worker, os.getpid())
         if endpoint is None:
             return
         artifact = session.get(Artifact, endpoint.artifact_id)
+        base_dir = None
+        if artifact.kind == ArtifactKind.adapter:
+            base_dir = str(base_model_dir(session, session.get(Run, artifact.run_id))[0])
         host = get_settings().serve_host
         port = free_port(host)
         url = f"http://{host}:{port}"
-        log = log_path(endpoint_id).with_suffix(".server.log")
-        with open(log, "ab") as out:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "worker.serve", "--model", artifact.path]
-                + ["--served-model-name", endpoint.model, "--host", host, "--port", str(port)]
-                + ["--max-model-len", str(endpoint.settings["max_model_len"])]
-                + ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
-            )
-        endpoints.phase(session, endpoint, "loading", url)
+        server = runtimes.model_server(
+            endpoint,
+            artifact,
+            session.get(Pool, endpoint.pool),
+            host=host,
+            port=port,
+            log=log_path(endpoint_id).with_suffix(".server.log"),
+            base_dir=base_dir,
+        )
         try:
-            _follow(session, endpoint, child, url, log)
+            server.start(lambda name: endpoints.phase(session, endpoint, name, url))
+            _follow(session, endpoint, server, url)
+        except Exception as exc:
+            endpoints.fail(session, endpoint, f"{type(exc).__name__}: {exc}")
+            raise
         finally:
-            _stop(child)
+            server.stop()
+            endpoints.heartbeat(session, endpoint, _tail(server.log()))
 
 
-def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log: Path) -> None:
-    seen = 0
+def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
     scraper = Scraper(url)
-    probed_at = 0.0
+    probed_at = logged_at = 0.0
     while True:
-        code = child.poll()
-        if code is not None:
-            endpoints.fail(session, endpoint, f"the model server {exit_reason(code)}: {_last_line(log)}")
+        reason = server.exit_reason()
+        if reason is not None:
+            endpoints.fail(session, endpoint, reason)
             return
-        status = endpoints.heartbeat(session, endpoint)
+        log = None
+        if endpoint.status == EndpointStatus.starting or time.monotonic() - logged_at >= LOG_EVERY_S:
+            log, logged_at = server.log(), time.monotonic()
+        status = endpoints.heartbeat(session, endpoint, None if log is None else _tail(log))
         if status == EndpointStatus.stopping:
-            _stop(child)
+            server.stop()
             endpoints.stopped(session, endpoint)
             return
         if status not in (EndpointStatus.starting, EndpointStatus.ready):
@@ -109,11 +111,8 @@ def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log:
             probed_at = time.monotonic()
             _probe(session, endpoint, url, scraper)
         if status == EndpointStatus.starting:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            lines = text[seen:].splitlines()
-            phases = [line.removeprefix(PHASE_PREFIX).strip() for line in lines if line.startswith(PHASE_PREFIX)]
-            seen = len(text)
-            if phases:
+            phases = [p for p in map(server.phase_of, log.splitlines()) if p]
+            if phases and phases[-1] != endpoint.phase:
                 endpoints.phase(session, endpoint, phases[-1])
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
@@ -121,6 +120,10 @@ def _follow(session, endpoint: Endpoint, child: subprocess.Popen, url: str, log:
             except httpx.HTTPError:
                 pass
         time.sleep(POLL_S)
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.splitlines()[-runtimes.LOG_LINES :])
 
 
 def _probe(session, endpoint: Endpoint, url: str, scraper: Scraper) -> None:
@@ -131,23 +134,6 @@ def _probe(session, endpoint: Endpoint, url: str, scraper: Scraper) -> None:
     except httpx.HTTPError as exc:
         sample["error"] = sample["error"] or f"scraping /metrics failed: {exc}"
     endpoints.record_sample(session, endpoint.id, "probe", **sample)
-
-
-def _last_line(log: Path) -> str:
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-    lines = [line for line in tail.splitlines() if line.strip() and not line.startswith(PHASE_PREFIX)]
-    return lines[-1][:500] if lines else "(no output)"
-
-
-def _stop(child: subprocess.Popen) -> None:
-    if child.poll() is not None:
-        return
-    child.terminate()
-    try:
-        child.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ starts when that run ends, so it never competes with a run for the CPU.
     python -m worker.runs --standby     # a training process, waiting for "RUN_ID ATTEMPT LOG_PATH"
 """
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -29,6 +28,7 @@ from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.runs import service as runs
 from app.runs.models import Run
+from worker import processes
 from worker.model_cache import cached_copy
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def execute(run_id: str, worker: str) -> None:
                 if stop and stop_since is None:
                     stop_since = time.monotonic()
                 if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
-                    _kill(child)
+                    processes.stop(child, grace_s=2)
                     if runs.is_current(session, run, attempt):
                         runs.finish(session, run, stopped_by=stop)
                     return
@@ -108,7 +108,7 @@ class Standby:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=processes.die_with_parent,
             )
 
     @classmethod
@@ -122,25 +122,6 @@ class Standby:
         except BrokenPipeError:  # it died since start() looked: its exit code says why, as a crash would
             pass
         return proc
-
-
-def die_with_parent() -> None:
-    """In the training process, before exec: be killed when the supervisor dies (Linux)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _kill(child: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            child.wait(timeout=2)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _crash_reason(code: int, log_path: Path) -> str:

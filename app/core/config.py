@@ -5,7 +5,7 @@ from datetime import timedelta
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,15 @@ class Settings(BaseSettings):
         default="127.0.0.1",
         description="the address model servers of this worker bind and are reached at (by the web process)",
     )
+    docker_host: str | None = Field(
+        default=None,
+        description="the Docker Engine that runs vLLM containers on TPU and GPU pools "
+        "(unix:///var/run/docker.sock, tcp://host:2375); unset: DOCKER_HOST or the local socket",
+    )
+    vllm_tpu_image: str = Field(default="vllm/vllm-tpu:latest", description="the vLLM image of TPU pools")
+    vllm_gpu_image: str = Field(default="vllm/vllm-openai:latest", description="the vLLM image of GPU pools")
+    vllm_shm_size: str = Field(default="16g", description="the shared memory of a vLLM container")
+    hf_token: SecretStr | None = Field(default=None, description="HF_TOKEN handed to vLLM containers")
     artifact_store: str = Field(
         default="",
         description="where finished artifacts are kept: an fsspec URL prefix (gs://bucket/prefix); "

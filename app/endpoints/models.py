@@ -2,7 +2,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index
+from sqlalchemy import JSON, Column, Index, Text
 from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
@@ -21,7 +21,9 @@ ACTIVE = {EndpointStatus.pending, EndpointStatus.starting, EndpointStatus.ready,
 
 
 class Runtime(StrEnum):
-    local = "local"  # the built-in model server (python -m worker.serve), on the worker's host
+    local = "local"  # the built-in model server (python -m worker.serve), on the worker's host: cpu pools
+    vllm_tpu = "vllm-tpu"  # vLLM's TPU container on the worker's host (Docker Engine API): TPU pools
+    vllm_gpu = "vllm-gpu"  # vLLM's GPU container: GPU pools
 
 
 class Endpoint(SQLModel, table=True):
@@ -41,6 +43,7 @@ class Endpoint(SQLModel, table=True):
     pid: int | None = None  # the endpoint's supervisor process on the worker's host
     heartbeat_at: datetime | None = None
     error: str | None = None
+    log_tail: str | None = Field(default=None, sa_type=Text)  # the model server's latest output lines
     attempts: int = 0
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None

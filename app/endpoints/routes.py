@@ -4,6 +4,7 @@ from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.responses import PlainTextResponse
 
 from app.core.db import session_scope, utcnow
 from app.core.deps import CurrentUser, SessionDep
@@ -109,6 +110,24 @@ def endpoint_samples(
 def stop_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Stop serving: the model server's process ends and its port is freed."""
     return service.to_public(service.request_stop(session, _get(session, user, endpoint_id)))
+
+
+@router.post("/{endpoint_id}/restart", response_model=EndpointPublic)
+def restart_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
+    """Start a failed or stopped endpoint again, as it was deployed (409 while it is active)."""
+    try:
+        return service.to_public(service.restart(session, _get(session, user, endpoint_id)))
+    except service.EndpointError as exc:
+        _raise(exc)
+
+
+@router.get("/{endpoint_id}/logs", response_class=PlainTextResponse)
+def endpoint_logs(
+    endpoint_id: str, session: SessionDep, user: CurrentUser, tail: Annotated[int, Query(ge=1, le=1000)] = 200
+) -> PlainTextResponse:
+    """The model server's latest output (its last ``tail`` lines), as its worker last copied it."""
+    lines = (_get(session, user, endpoint_id).log_tail or "").splitlines()
+    return PlainTextResponse("\n".join(lines[-tail:]))
 
 
 @router.delete("/{endpoint_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -68,24 +68,24 @@ def get(session: Session, owner: User, endpoint_id: str) -> Endpoint | None:
 def _runtime(pool: Pool) -> Runtime:
     if pool.accelerator == "cpu":
         return Runtime.local
-    raise EndpointError(
-        "pool",
-        f"pool {pool.name!r} has {pool.accelerator} hosts; serving there needs the vLLM container runtime, "
-        "which this version does not have yet (the cpu pool's built-in model server does)",
-    )
+    return Runtime.vllm_tpu if pool.accelerator.startswith("tpu") else Runtime.vllm_gpu
 
 
 def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     artifact = session.get(Artifact, data.artifact_id)
     if artifact is None or artifact.owner_id != owner.id:
         raise EndpointError("artifact_id", f"unknown artifact {data.artifact_id!r}")
-    if artifact.kind != ArtifactKind.merged:
-        raise EndpointError("artifact_id", f"artifact {artifact.id} is a PEFT adapter; deploy a merged model")
     if artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {artifact.id} is {artifact.status}; only a built one deploys")
     pool = session.get(Pool, data.pool)
     if pool is None:
         raise EndpointError("pool", f"unknown pool {data.pool!r}")
+    if artifact.kind != ArtifactKind.merged and _runtime(pool) == Runtime.local:
+        raise EndpointError(
+            "artifact_id",
+            f"artifact {artifact.id} is a PEFT adapter: the built-in model server of pool {pool.name!r} serves "
+            "merged models (vLLM on a TPU or GPU pool serves adapters)",
+        )
     endpoint = Endpoint(
         id=new_id("ep"),
         owner_id=owner.id,
@@ -144,6 +144,31 @@ def request_stop(session: Session, endpoint: Endpoint) -> Endpoint:
     return endpoint
 
 
+def restart(session: Session, endpoint: Endpoint) -> Endpoint:
+    """Start a failed or stopped endpoint again, on its pool, as it was deployed."""
+    if endpoint.status in ACTIVE:
+        raise EndpointError("status", f"endpoint {endpoint.id} is {endpoint.status}; stop it first", conflict=True)
+    artifact = session.get(Artifact, endpoint.artifact_id)
+    if artifact is None or artifact.status != ArtifactStatus.succeeded:
+        raise EndpointError("artifact_id", f"artifact {endpoint.artifact_id} is gone", conflict=True)
+    _set(
+        session,
+        endpoint,
+        EndpointStatus.pending,
+        phase=None,
+        url=None,
+        error=None,
+        worker=None,
+        pid=None,
+        attempts=0,
+        started_at=None,
+        ready_at=None,
+        stopped_at=None,
+    )
+    queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=endpoint.pool)
+    return endpoint
+
+
 def delete(session: Session, endpoint: Endpoint) -> None:
     if endpoint.status in ACTIVE:
         raise EndpointError("status", f"endpoint {endpoint.id} is {endpoint.status}; stop it first", conflict=True)
@@ -199,10 +224,13 @@ def ready(session: Session, endpoint: Endpoint, url: str) -> None:
         _set(session, endpoint, EndpointStatus.ready, phase=None, url=url, ready_at=utcnow())
 
 
-def heartbeat(session: Session, endpoint: Endpoint) -> EndpointStatus:
-    """Record liveness; returns the status (``stopping`` tells the supervisor to stop)."""
+def heartbeat(session: Session, endpoint: Endpoint, log_tail: str | None = None) -> EndpointStatus:
+    """Record liveness, and the model server's latest output when given; returns the status
+    (``stopping`` tells the supervisor to stop)."""
     session.refresh(endpoint)
     endpoint.heartbeat_at = utcnow()
+    if log_tail is not None:
+        endpoint.log_tail = log_tail
     session.add(endpoint)
     session.commit()
     return EndpointStatus(endpoint.status)

@@ -18,3 +18,15 @@ def trained_run(server, api) -> dict:
     run = wait_run(server, api, r.json()["id"])
     assert run["status"] == "succeeded", (run["error"], server.log()[-3000:])
     return run
+
+
+@pytest.fixture(scope="session")
+def artifact(server, api, trained_run) -> dict:
+    """The merged artifact of the shared tiny run."""
+    from tests.api.test_artifacts import wait_artifact
+
+    listed = api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
+    (art,) = [a for a in listed if a["kind"] == "merged"]
+    art = wait_artifact(server, api, art["id"])
+    assert art["status"] == "succeeded", art["error"]
+    return art

@@ -12,18 +12,6 @@ import psutil
 import pytest
 from openai import AuthenticationError, NotFoundError, OpenAI
 
-from tests.api.test_artifacts import wait_artifact
-
-
-@pytest.fixture(scope="module")
-def artifact(server, api, trained_run) -> dict:
-    """The merged artifact of the shared tiny run."""
-    listed = api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
-    (art,) = [a for a in listed if a["kind"] == "merged"]
-    art = wait_artifact(server, api, art["id"])
-    assert art["status"] == "succeeded", art["error"]
-    return art
-
 
 def deploy(server, api, artifact) -> dict:
     r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 256, "max_num_seqs": 4})

@@ -1,0 +1,321 @@
+"""The vLLM container runtimes of TPU and GPU pools: the exact container asked of Docker, and what an
+endpoint's supervisor asks of the Docker Engine API through the `docker` SDK, against a stand-in of
+that API served by the test (pull, create, start, inspect, logs, stop, remove; a container that dies
+of OOM). No Docker engine runs here: readiness, probes and metrics scraping, which speak vLLM's own
+protocol, are tested against the built-in server (test_endpoints.py)."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.artifacts.models import Artifact, ArtifactKind
+from app.core.config import get_settings
+from app.endpoints.models import Endpoint, Runtime
+from app.pools.models import Pool
+from tests.api.test_endpoints import wait_endpoint
+from tests.conftest import ROOT, free_port
+from worker.runtimes import container_spec
+
+API = "1.47"
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEDECK_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TUNEDECK_HF_TOKEN", "hf_secret")
+    get_settings.cache_clear()
+    yield get_settings()
+    get_settings.cache_clear()
+
+
+def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
+    pool = Pool(name="tpu-v6e-8", accelerator="tpu-v6e-8", chips=8, price_per_chip_hour=2.7)
+    artifact = Artifact(
+        id="art-31b",
+        owner_id=1,
+        run_id="run-31b",
+        kind=ArtifactKind.merged,
+        checkpoint_step=500,
+        name="ft:gemma4-31b:support:run-31b",
+        path="/srv/tunedeck/artifacts/art-31b",
+    )
+    endpoint = Endpoint(
+        id="ep-31b",
+        owner_id=1,
+        artifact_id=artifact.id,
+        model=artifact.name,
+        pool=pool.name,
+        runtime=Runtime.vllm_tpu,
+        settings={"max_model_len": 16384, "max_num_seqs": 64},
+    )
+    spec = container_spec(endpoint, artifact, pool, host="10.0.0.7", port=8101)
+    cache = str(settings.data_dir / "cache" / "vllm")
+    assert spec == {
+        "image": "vllm/vllm-tpu:latest",
+        "name": "tunedeck-ep-31b",
+        "entrypoint": ["vllm", "serve"],
+        "command": [
+            "/models/art-31b",
+            "--served-model-name",
+            "ft:gemma4-31b:support:run-31b",
+            "--tensor-parallel-size",
+            "8",
+            "--max-model-len",
+            "16384",
+            "--max-num-seqs",
+            "64",
+            "--host",
+            "10.0.0.7",
+            "--port",
+            "8101",
+        ],
+        "environment": {
+            "HF_HOME": "/cache/huggingface",
+            "VLLM_XLA_CACHE_PATH": "/cache/vllm-xla",
+            "JAX_COMPILATION_CACHE_DIR": "/cache/jax",
+            "HF_TOKEN": "hf_secret",
+        },
+        "volumes": {
+            cache: {"bind": "/cache", "mode": "rw"},
+            "/dev/shm": {"bind": "/dev/shm", "mode": "rw"},
+            "/srv/tunedeck/artifacts/art-31b": {"bind": "/models/art-31b", "mode": "ro"},
+        },
+        "network_mode": "host",
+        "shm_size": "16g",
+        "labels": {"tunedeck.endpoint": "ep-31b", "tunedeck.artifact": "art-31b"},
+        "privileged": True,
+    }
+    assert os.path.isdir(cache)  # the compile caches survive the container
+
+
+def test_vllm_gpu_container_serves_an_adapter_on_its_base(settings):
+    pool = Pool(name="h100", accelerator="gpu-h100x2", chips=2, price_per_chip_hour=3.0)
+    artifact = Artifact(
+        id="art-lora",
+        owner_id=1,
+        run_id="run-1",
+        kind=ArtifactKind.adapter,
+        checkpoint_step=6,
+        name="ft:tiny:adapter",
+        path="/data/artifacts/art-lora",
+        verification={"lora_rank": 24},
+    )
+    endpoint = Endpoint(
+        id="ep-lora",
+        owner_id=1,
+        artifact_id=artifact.id,
+        model=artifact.name,
+        pool=pool.name,
+        runtime=Runtime.vllm_gpu,
+        settings={"max_model_len": 2048, "max_num_seqs": 8},
+    )
+    spec = container_spec(endpoint, artifact, pool, host="127.0.0.1", port=9000, base_dir="/data/models/gemma4")
+    assert spec["image"] == "vllm/vllm-openai:latest"
+    assert spec["command"][:7] == [
+        "/models/base",
+        "--enable-lora",
+        "--lora-modules",
+        "ft:tiny:adapter=/models/art-lora",
+        "--max-lora-rank",
+        "32",  # the smallest rank vLLM accepts that holds 24
+        "--tensor-parallel-size",
+    ]
+    assert spec["volumes"]["/data/models/gemma4"] == {"bind": "/models/base", "mode": "ro"}
+    assert spec["device_requests"] == [{"count": -1, "capabilities": [["gpu"]]}] and spec["ipc_mode"] == "host"
+    assert "privileged" not in spec and "MODEL_IMPL_TYPE" not in spec["environment"]
+
+
+class DockerStandIn:
+    """The few Docker Engine API calls the runtime makes, answered as dockerd would, and recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.bodies: dict[str, dict] = {}
+        self.images: set[str] = set()
+        self.containers: dict[str, dict] = {}
+        self.app = FastAPI()
+        self.app.add_api_route("/{path:path}", self.handle, methods=["GET", "POST", "DELETE"])
+
+    def container(self, name: str) -> dict:
+        return next(c for c in self.containers.values() if c["Name"] == "/" + name)
+
+    async def handle(self, path: str, request: Request) -> Response:
+        path = "/" + path.removeprefix(f"v{API}/")
+        self.calls.append((request.method, path))
+        q = request.query_params
+        if path == "/version":
+            return JSONResponse({"ApiVersion": API, "MinAPIVersion": "1.24", "Version": "27.3.1"})
+        if path.startswith("/images/") and path.endswith("/json"):
+            name = path.removeprefix("/images/").removesuffix("/json")
+            if name not in self.images:
+                return JSONResponse({"message": f"No such image: {name}"}, 404)
+            return JSONResponse({"Id": "sha256:" + "ab" * 32, "RepoTags": [name]})
+        if path == "/images/create":
+            image = f"{q['fromImage']}:{q['tag']}"
+            self.images.add(image)
+            lines = [{"status": f"Pulling from {q['fromImage']}", "id": q["tag"]}, {"status": f"Downloaded {image}"}]
+            return StreamingResponse((json.dumps(x) + "\r\n" for x in lines), media_type="application/json")
+        if path == "/containers/json":
+            return JSONResponse([])
+        if path == "/containers/create":
+            cid = f"{len(self.containers) + 1:064x}"
+            body = await request.json()
+            self.bodies[cid] = body
+            self.containers[cid] = {
+                "Id": cid,
+                "Name": "/" + q["name"],
+                "Config": {**body, "Tty": False},
+                "State": {"Status": "created", "Running": False, "ExitCode": 0, "OOMKilled": False},
+                "logs": [],
+            }
+            return JSONResponse({"Id": cid, "Warnings": []}, 201)
+        cid, _, action = path.removeprefix("/containers/").partition("/")
+        c = self.containers.get(cid)
+        if c is None:
+            return JSONResponse({"message": f"No such container: {cid}"}, 404)
+        if request.method == "DELETE":
+            del self.containers[cid]
+            return Response(status_code=204)
+        if action == "json":
+            return JSONResponse({k: v for k, v in c.items() if k != "logs"})
+        if action == "start":
+            c["State"].update(Status="running", Running=True)
+            c["logs"] += ["INFO Loading model weights...", "INFO Model loading took 57.1 GiB and 41.2 seconds"]
+            c["logs"] += ["INFO Compiling the model with different input shapes..."]
+            return Response(status_code=204)
+        if action == "stop":
+            c["State"].update(Status="exited", Running=False, ExitCode=0)
+            return Response(status_code=204)
+        if action == "logs":  # stdout frames: 1, 0, 0, 0, big-endian length, then the bytes
+            tail = c["logs"][-int(q.get("tail", "1000")) :]
+            data = b"".join(struct.pack(">BxxxL", 1, len(x) + 1) + x.encode() + b"\n" for x in tail)
+            return Response(data, media_type="application/vnd.docker.raw-stream")
+        return JSONResponse({"message": f"not in the stand-in: {request.method} {path}"}, 501)
+
+
+@pytest.fixture
+def docker_engine():
+    engine = DockerStandIn()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(engine.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.url = f"tcp://127.0.0.1:{port}"
+    yield engine
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def tpu_worker(server, api, docker_engine):
+    """A worker of the tpu-v6e-8 pool on this machine, its Docker Engine the stand-in."""
+    env = {**server.env, "TUNEDECK_DOCKER_HOST": docker_engine.url}
+    log = open(server.data_dir / "tpu-worker.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--pool", "tpu-v6e-8"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    server.wait_for(
+        lambda: api.get("/api/v1/pools/tpu-v6e-8").json()["workers_online"] >= 1, timeout=90, what="the tpu worker"
+    )
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, artifact, docker_engine, tpu_worker):
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "pool": "tpu-v6e-8", "max_model_len": 4096})
+    assert r.status_code == 201, r.text
+    endpoint = r.json()
+    assert endpoint["runtime"] == "vllm-tpu" and endpoint["status"] == "pending"
+    ep = endpoint["id"]
+
+    # The image is pulled (the host lacked it), the container created and started; its log says compiling.
+    endpoint = server.wait_for(
+        lambda: (e := api.get(f"/api/v1/endpoints/{ep}").json())["phase"] == "compiling" and e,
+        timeout=120,
+        what="the compiling phase",
+    )
+    assert endpoint["status"] == "starting" and endpoint["url"].startswith("http://127.0.0.1:")
+    container = docker_engine.container(f"tunedeck-{ep}")
+    body = docker_engine.bodies[container["Id"]]
+    port = endpoint["url"].rsplit(":", 1)[1]
+    assert body["Image"] == "vllm/vllm-tpu:latest" and body["Entrypoint"] == ["vllm", "serve"]
+    assert body["Cmd"] == [
+        f"/models/{artifact['id']}",
+        "--served-model-name",
+        artifact["name"],
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "16",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port,
+    ]
+    host = body["HostConfig"]
+    assert host["NetworkMode"] == "host" and host["Privileged"] is True and host["ShmSize"] == 16 * 1024**3
+    assert f"{artifact['path']}:/models/{artifact['id']}:ro" in host["Binds"]
+    assert "/dev/shm:/dev/shm:rw" in host["Binds"]
+    assert body["Labels"] == {"tunedeck.endpoint": ep, "tunedeck.artifact": artifact["id"]}
+    logs = server.wait_for(
+        lambda: "Compiling the model" in (t := api.get(f"/api/v1/endpoints/{ep}/logs").text) and t,
+        timeout=30,
+        what="the log tail",
+    )
+    assert logs.splitlines()[0] == "INFO Loading model weights..."
+
+    # Stop: the container is stopped, then removed.
+    assert api.post(f"/api/v1/endpoints/{ep}/stop").json()["status"] == "stopping"
+    endpoint = wait_endpoint(server, api, ep, ("stopped", "failed"), timeout=60)
+    assert endpoint["status"] == "stopped", endpoint["error"]
+    cid = container["Id"]
+    made = [(m, p) for m, p in docker_engine.calls if p != "/version" and not p.endswith(f"{cid}/json")]
+    assert made[:4] == [
+        ("GET", "/images/vllm/vllm-tpu:latest/json"),
+        ("POST", "/images/create"),
+        ("GET", "/images/vllm/vllm-tpu:latest/json"),
+        ("GET", "/containers/json"),
+    ]
+    assert made[4:6] == [("POST", "/containers/create"), ("POST", f"/containers/{cid}/start")]
+    assert made[-2:] == [("POST", f"/containers/{cid}/stop"), ("DELETE", f"/containers/{cid}")]
+    assert ("GET", f"/containers/{cid}/logs") in made and ("GET", f"/containers/{cid}/json") in docker_engine.calls
+    assert cid not in docker_engine.containers
+
+    # Restart: a new container from the image now on the host, which dies of OOM while compiling.
+    calls = len(docker_engine.calls)
+    r = api.post(f"/api/v1/endpoints/{ep}/restart")
+    assert r.status_code == 200 and r.json()["status"] == "pending", r.text
+    assert api.post(f"/api/v1/endpoints/{ep}/restart").status_code == 409  # active: stop it first
+    server.wait_for(lambda: api.get(f"/api/v1/endpoints/{ep}").json()["phase"] == "compiling", timeout=60)
+    assert ("POST", "/images/create") not in docker_engine.calls[calls:]
+    again = docker_engine.container(f"tunedeck-{ep}")
+    again["logs"].append("ERROR RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in hbm")
+    again["State"].update(Status="exited", Running=False, ExitCode=137, OOMKilled=True)
+    endpoint = wait_endpoint(server, api, ep, ("failed", "stopped"), timeout=60)
+    assert endpoint["status"] == "failed"
+    assert endpoint["error"] == (
+        "the vLLM container exited with code 137 (out of memory): "
+        "ERROR RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in hbm"
+    )
+    assert again["Id"] not in docker_engine.containers  # removed, its output kept on the endpoint
+    assert "Ran out of memory in hbm" in api.get(f"/api/v1/endpoints/{ep}/logs").text
