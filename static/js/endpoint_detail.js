@@ -1,7 +1,7 @@
 /* One endpoint, live: its status and phase over /api/v1/endpoints/{id}?watch=true; TTFT (p50, p95) and
  * output tokens/s over the last hour from its samples (gateway traffic and probes), re-read every 3 s;
  * and a playground that streams chat replies through the gateway, showing each reply's TTFT and
- * tokens/s as this browser measured them. */
+ * tokens/s as this browser measured them; the model server's log tail; Stop and Restart. */
 (function () {
   "use strict";
   const { el, api, watch, csrfHeaders, errorMessage } = window.TD;
@@ -22,6 +22,7 @@
     $("endpoint-error").textContent = e.error || "";
     $("endpoint-error").hidden = !e.error;
     $("stop-button").disabled = !["pending", "starting", "ready"].includes(e.status);
+    $("restart-button").disabled = ACTIVE.includes(e.status);
     $("chat-send").disabled = e.status !== "ready";
   }
 
@@ -34,6 +35,31 @@
       $("endpoint-error").hidden = false;
     }
   });
+
+  $("restart-button").addEventListener("click", async () => {
+    $("restart-button").disabled = true;
+    try {
+      render(await api(base + "/restart", { method: "POST" }));
+      follow();
+    } catch (err) {
+      $("endpoint-error").textContent = err.message;
+      $("endpoint-error").hidden = false;
+      $("restart-button").disabled = false;
+    }
+  });
+
+  async function refreshLog() {
+    try {
+      const res = await fetch(base + "/logs?tail=200", { credentials: "same-origin" });
+      if (res.ok) {
+        const box = $("endpoint-log");
+        const atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+        box.textContent = (await res.text()) || "No output yet.";
+        if (atEnd) box.scrollTop = box.scrollHeight;
+      }
+    } catch (_) { /* the next refresh tries again */ }
+    if (ACTIVE.includes(endpoint.status)) setTimeout(refreshLog, 3000);
+  }
 
   // ---------- charts ----------
   const series = { p50: [], p95: [], tps: [], server: [] };
@@ -194,17 +220,23 @@
     }
   });
 
+  function follow() {
+    refreshSamples();
+    refreshLog();
+    watch(base + "?watch=true", {
+      update: (e, src) => {
+        render(e);
+        if (!ACTIVE.includes(e.status)) {
+          src.close();
+          $("live").classList.remove("on");
+          $("live").textContent = "Finished";
+          refreshLog();
+        }
+      },
+    }, $("live"));
+  }
+
   render(endpoint);
   makeCharts();
-  refreshSamples();
-  watch(base + "?watch=true", {
-    update: (e, src) => {
-      render(e);
-      if (!ACTIVE.includes(e.status)) {
-        src.close();
-        $("live").classList.remove("on");
-        $("live").textContent = "Finished";
-      }
-    },
-  }, $("live"));
+  follow();
 })();

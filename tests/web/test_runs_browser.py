@@ -362,9 +362,16 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
         )
     expect(page.locator("#ttft-empty")).to_be_hidden()
     expect(page.locator("#ttft-summary")).to_contain_text("p50")
+    expect(page.locator("#endpoint-log")).to_contain_text("tunedeck-phase: compiling")  # the server's output
+    expect(page.locator("#restart-button")).to_be_disabled()
     page.screenshot(path=str(ARTIFACTS / "endpoint-page.png"), full_page=True)
 
-    # Stop: the endpoint stops, and the list shows it so.
+    # Stop: the endpoint stops; Restart starts it again (stopped again at once), and the list shows it so.
+    page.click("#stop-button")
+    expect(page.locator("#endpoint-status")).to_have_text("stopped", timeout=60_000)
+    page.click("#restart-button")
+    expect(page.locator("#endpoint-status")).to_have_text(re.compile("pending|starting|ready"), timeout=10_000)
+    expect(page.locator("#endpoint-error")).to_be_hidden()
     page.click("#stop-button")
     expect(page.locator("#endpoint-status")).to_have_text("stopped", timeout=60_000)
     endpoint_id = page.url.rsplit("/", 1)[1]
