@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.artifacts import service
 from app.artifacts.models import Artifact, ArtifactCreate, ArtifactPublic, ArtifactsPublic
+from app.core import errors
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
@@ -37,11 +38,8 @@ def create_artifact(data: ArtifactCreate, session: SessionDep, user: CurrentUser
         return service.to_public(service.create(session, user, data))
     except service.ArtifactError as exc:
         if exc.conflict:
-            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}],
-        ) from exc
+            raise errors.conflict(str(exc)) from exc
+        raise errors.unprocessable(str(exc), exc.field) from exc
 
 
 @router.get("", response_model=ArtifactsPublic)

@@ -4,16 +4,11 @@ from fastapi import APIRouter, HTTPException, status
 
 from app.base_models import service
 from app.base_models.models import BaseModelPublic, BaseModelsPublic, RegisteredModelCreate
+from app.core import errors
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route
 
 router = APIRouter(route_class=Route, prefix="/api/v1/base-models", tags=["base models"])
-
-
-def _unprocessable(exc: service.BaseModelError) -> HTTPException:
-    return HTTPException(
-        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
-    )
 
 
 @router.get("", response_model=BaseModelsPublic)
@@ -38,7 +33,7 @@ def register_base_model(data: RegisteredModelCreate, session: SessionDep, user: 
     except service.BaseModelError as exc:
         if exc.field == "name" and "exists" in str(exc):
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-        raise _unprocessable(exc) from exc
+        raise errors.unprocessable(str(exc), exc.field) from exc
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)

@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 
+from app.core import errors
 from app.core.db import session_scope
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route
@@ -12,12 +13,6 @@ from app.pools import service
 from app.pools.models import Pool, PoolCreate, PoolPublic, PoolsPublic, PoolUpdate
 
 router = APIRouter(route_class=Route, prefix="/api/v1/pools", tags=["pools"])
-
-
-def _unprocessable(exc: service.PoolError) -> HTTPException:
-    return HTTPException(
-        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
-    )
 
 
 def _get(session, name: str) -> Pool:
@@ -61,7 +56,7 @@ def create_pool(data: PoolCreate, session: SessionDep, _: AdminUser) -> PoolPubl
     try:
         pool = service.create_pool(session, data)
     except service.PoolError as exc:
-        raise _unprocessable(exc) from exc
+        raise errors.unprocessable(str(exc), exc.field) from exc
     return service.get_pool(session, pool.name)
 
 
@@ -70,7 +65,7 @@ def update_pool(name: str, data: PoolUpdate, session: SessionDep, _: AdminUser) 
     try:
         service.update_pool(session, _get(session, name), data)
     except service.PoolError as exc:
-        raise _unprocessable(exc) from exc
+        raise errors.unprocessable(str(exc), exc.field) from exc
     return service.get_pool(session, name)
 
 
