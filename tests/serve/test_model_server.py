@@ -177,6 +177,18 @@ def test_seed_temperature_and_stop(server):
     assert stopped == {**stopped, "text": text[: text.find(stop)], "finish_reason": "stop"}
     assert complete(temperature=1.0, seed=seed, max_tokens=2)["finish_reason"] == "length"
 
+    # ignore_eos (vLLM's, for benchmarks): a reply that ended at end-of-sequence goes on to max_tokens.
+    def reply(seed: int, **kw) -> dict:
+        body = {"model": MODEL, "prompt": "numbers:", "max_tokens": 128, "temperature": 1.0, "seed": seed, **kw}
+        return httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+
+    # end-of-sequence or end-of-turn is about 2 in 1,100 tokens of the random model: one of these ends early
+    seed, ended = next((s, r) for s in range(40) if (r := reply(s))["choices"][0]["finish_reason"] == "stop")
+    assert ended["usage"]["completion_tokens"] < 128
+    longer = reply(seed, ignore_eos=True)
+    assert longer["usage"]["completion_tokens"] == 128 and longer["choices"][0]["finish_reason"] == "length"
+    assert longer["choices"][0]["text"].startswith(ended["choices"][0]["text"])
+
 
 def test_bad_requests_are_named(server):
     def post(body):

@@ -41,6 +41,7 @@ class Request:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False  # end-of-sequence and end-of-turn tokens do not end it: only max_tokens does
     arrival: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: bool = False  # the client went away: the row stops at its next step
 
@@ -204,7 +205,7 @@ class Engine:
                     finished[i] = True
                     self.running -= 1
                     continue
-                if token in self.stop_ids:
+                if token in self.stop_ids and not r.ignore_eos:
                     finished[i] = True
                     self.running -= 1
                     r.emit(None, "stop")

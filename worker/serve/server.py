@@ -50,6 +50,7 @@ class Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM's: go on past end-of-sequence tokens, up to max_tokens (benchmarks)
 
     @property
     def stops(self) -> list[str]:
@@ -104,7 +105,13 @@ class Generation:
         self.finish_reason: str | None = None
         max_tokens = body.max_tokens or server.engine.max_model_len - len(prompt_ids)
         self.request = generate.Request(
-            prompt_ids, max_tokens, self._emit, temperature=body.temperature, top_p=body.top_p, seed=body.seed
+            prompt_ids,
+            max_tokens,
+            self._emit,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            ignore_eos=body.ignore_eos,
         )
         self.first_at: float | None = None
         self.last_at: float | None = None
