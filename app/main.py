@@ -17,6 +17,8 @@ from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
 from app.base_models import routes as base_model_routes
+from app.benchmarks import pages as benchmark_pages
+from app.benchmarks import routes as benchmark_routes
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
@@ -81,6 +83,7 @@ def create_app() -> FastAPI:
         run_openai_routes,
         artifact_routes,
         endpoint_routes,
+        benchmark_routes,
         endpoint_gateway,
         auth_pages,
         dataset_pages,
@@ -88,6 +91,7 @@ def create_app() -> FastAPI:
         run_pages,
         artifact_pages,
         endpoint_pages,
+        benchmark_pages,
         web_pages,
     ):
         app.include_router(module.router)

@@ -3,6 +3,7 @@
 from app.artifacts.models import Artifact
 from app.auth.models import ApiToken, User
 from app.base_models.models import RegisteredModel
+from app.benchmarks.models import Benchmark
 from app.datasets.models import Dataset
 from app.endpoints.models import Endpoint, EndpointSample
 from app.pools.models import Pool, WorkerHost
@@ -11,6 +12,7 @@ from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 __all__ = [
     "ApiToken",
     "Artifact",
+    "Benchmark",
     "Dataset",
     "Endpoint",
     "EndpointSample",

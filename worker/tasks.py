@@ -3,7 +3,7 @@
 from app.core import queue
 from app.core.db import session_scope
 from app.datasets import service as datasets
-from worker import artifacts, endpoints, runs
+from worker import artifacts, benchmarks, endpoints, runs
 from worker.celery_app import celery
 
 
@@ -26,3 +26,8 @@ def build_artifact(self, artifact_id: str) -> None:
 @celery.task(name=queue.START_ENDPOINT, bind=True)
 def start_endpoint(self, endpoint_id: str) -> None:
     endpoints.launch(endpoint_id, self.request.hostname)
+
+
+@celery.task(name=queue.RUN_BENCHMARK)
+def run_benchmark(benchmark_id: str) -> None:
+    benchmarks.execute(benchmark_id)

@@ -18,6 +18,7 @@ VALIDATE_DATASET = "tunedeck.datasets.validate"
 TRAIN_RUN = "tunedeck.runs.train"
 BUILD_ARTIFACT = "tunedeck.artifacts.build"
 START_ENDPOINT = "tunedeck.endpoints.start"
+RUN_BENCHMARK = "tunedeck.benchmarks.run"
 
 
 def make_celery() -> Celery:

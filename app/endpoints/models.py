@@ -113,8 +113,27 @@ class EndpointPublic(SQLModel):
     started_at: datetime | None
     ready_at: datetime | None
     stopped_at: datetime | None
+    cost_usd: float = 0.0  # chip-hours since it last started x its pool's price
 
 
 class EndpointsPublic(SQLModel):
     data: list[EndpointPublic]
     count: int
+
+
+class EndpointCost(SQLModel):
+    id: str
+    model: str
+    pool: str
+    status: EndpointStatus
+    cost_usd: float
+
+
+class RunCost(SQLModel):
+    """What a run has cost: its training, and the endpoints serving its artifacts."""
+
+    run_id: str
+    training_usd: float
+    serving_usd: float
+    total_usd: float
+    endpoints: list[EndpointCost]

@@ -20,4 +20,5 @@ def endpoint_page(endpoint_id: str, request: Request, session: SessionDep, user:
     endpoint = service.get(session, user, endpoint_id)
     if endpoint is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"endpoint {endpoint_id} not found")
-    return render(request, "endpoints/detail.html", user, endpoint=service.to_public(endpoint).model_dump(mode="json"))
+    public = service.to_public(session, endpoint).model_dump(mode="json")
+    return render(request, "endpoints/detail.html", user, endpoint=public)

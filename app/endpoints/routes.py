@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 
+from app.core import errors
 from app.core.db import session_scope, utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
@@ -25,10 +26,8 @@ def _get(session, user, endpoint_id: str) -> Endpoint:
 
 def _raise(exc: service.EndpointError):
     if exc.conflict:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-    raise HTTPException(
-        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
-    ) from exc
+        raise errors.conflict(str(exc)) from exc
+    raise errors.unprocessable(str(exc), exc.field) from exc
 
 
 def _fingerprint(e: dict) -> tuple:
@@ -39,7 +38,7 @@ def _fingerprint(e: dict) -> tuple:
 def create_endpoint(data: EndpointCreate, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Deploy a merged artifact on a pool: a worker of the pool starts its model server."""
     try:
-        return service.to_public(service.create(session, user, data))
+        return service.to_public(session, service.create(session, user, data))
     except service.EndpointError as exc:
         _raise(exc)
 
@@ -58,7 +57,7 @@ def list_endpoints(
 
     def listed(s) -> dict:
         rows = service.list_endpoints(s, user, artifact_id=artifact_id, limit=limit, offset=offset)
-        return EndpointsPublic(data=[service.to_public(e) for e in rows], count=len(rows)).model_dump(mode="json")
+        return EndpointsPublic(data=[service.to_public(s, e) for e in rows], count=len(rows)).model_dump(mode="json")
 
     if not watch_:
         return listed(session)
@@ -81,14 +80,14 @@ def get_endpoint(
 ):
     endpoint = _get(session, user, endpoint_id)
     if not watch_:
-        return service.to_public(endpoint)
+        return service.to_public(session, endpoint)
 
     def snapshot():
         with session_scope() as s:
             current = service.get(s, user, endpoint_id)
             if current is None:
                 return None
-            body = service.to_public(current).model_dump(mode="json")
+            body = service.to_public(s, current).model_dump(mode="json")
         return _fingerprint(body), body
 
     return watch(request, snapshot)
@@ -109,14 +108,14 @@ def endpoint_samples(
 @router.post("/{endpoint_id}/stop", response_model=EndpointPublic)
 def stop_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Stop serving: the model server's process ends and its port is freed."""
-    return service.to_public(service.request_stop(session, _get(session, user, endpoint_id)))
+    return service.to_public(session, service.request_stop(session, _get(session, user, endpoint_id)))
 
 
 @router.post("/{endpoint_id}/restart", response_model=EndpointPublic)
 def restart_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Start a failed or stopped endpoint again, as it was deployed (409 while it is active)."""
     try:
-        return service.to_public(service.restart(session, _get(session, user, endpoint_id)))
+        return service.to_public(session, service.restart(session, _get(session, user, endpoint_id)))
     except service.EndpointError as exc:
         _raise(exc)
 

@@ -46,8 +46,23 @@ class EndpointError(ValueError):
         self.conflict = conflict
 
 
-def to_public(endpoint: Endpoint) -> EndpointPublic:
-    return EndpointPublic(**endpoint.model_dump(exclude={"owner_id", "worker", "pid", "heartbeat_at", "updated_at"}))
+def cost_usd(session: Session, endpoint: Endpoint) -> float:
+    """Chip-hours since it last started (until it stopped) x its pool's price per chip-hour."""
+    pool = session.get(Pool, endpoint.pool)
+    if pool is None or endpoint.started_at is None:
+        return 0.0
+    end = endpoint.stopped_at or utcnow()
+    return max(0.0, (end - endpoint.started_at).total_seconds()) / 3600 * pool.chips * pool.price_per_chip_hour
+
+
+def to_public(session: Session, endpoint: Endpoint) -> EndpointPublic:
+    return EndpointPublic.model_validate(endpoint, update={"cost_usd": round(cost_usd(session, endpoint), 6)})
+
+
+def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:
+    """Every endpoint that served an artifact of the run, with its cost."""
+    query = select(Endpoint).join(Artifact, Artifact.id == Endpoint.artifact_id).where(Artifact.run_id == run_id)
+    return [(e, cost_usd(session, e)) for e in session.exec(query.order_by(Endpoint.created_at)).all()]
 
 
 def list_endpoints(

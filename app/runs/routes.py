@@ -4,10 +4,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 
+from app.core import errors
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
 from app.core.sse import watch
+from app.endpoints import service as endpoints
+from app.endpoints.models import EndpointCost, RunCost
 from app.runs import service
 from app.runs.models import Run, RunCreate, RunPublic, RunsPublic, RunStatus
 
@@ -15,9 +18,7 @@ router = APIRouter(route_class=Route, prefix="/api/v1/runs", tags=["runs"])
 
 
 def unprocessable(exc: service.RunInvalid) -> HTTPException:
-    return HTTPException(
-        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", *exc.loc], "msg": exc.message, "type": "value_error"}]
-    )
+    return errors.unprocessable(exc.message, *exc.loc)
 
 
 def conflict(exc: service.StateError) -> HTTPException:
@@ -59,6 +60,24 @@ def list_runs(
 ) -> RunsPublic:
     rows, count = service.list_runs(session, user, limit=limit, offset=offset, status=status_)
     return RunsPublic(data=[service.to_public(session, r) for r in rows], count=count)
+
+
+@router.get("/{run_id}/cost", response_model=RunCost)
+def run_cost(run_id: str, session: SessionDep, user: CurrentUser) -> RunCost:
+    """The run's training cost, plus its endpoints' (chip-hours x pool price each), and their total."""
+    run = get_or_404(session, user, run_id)
+    training = service.cost_usd(session, run)
+    served = endpoints.run_costs(session, run.id)
+    serving = sum(cost for _, cost in served)
+    return RunCost(
+        run_id=run.id,
+        training_usd=round(training, 6),
+        serving_usd=round(serving, 6),
+        total_usd=round(training + serving, 6),
+        endpoints=[
+            EndpointCost(id=e.id, model=e.model, pool=e.pool, status=e.status, cost_usd=round(c, 6)) for e, c in served
+        ],
+    )
 
 
 @router.get("/{run_id}", response_model=RunPublic)

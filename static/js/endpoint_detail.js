@@ -1,7 +1,8 @@
 /* One endpoint, live: its status and phase over /api/v1/endpoints/{id}?watch=true; TTFT (p50, p95) and
  * output tokens/s over the last hour from its samples (gateway traffic and probes), re-read every 3 s;
  * and a playground that streams chat replies through the gateway, showing each reply's TTFT and
- * tokens/s as this browser measured them; the model server's log tail; Stop and Restart. */
+ * tokens/s as this browser measured them; a benchmark (form, progress, levels, latency/throughput
+ * curve); the model server's log tail; Stop and Restart. */
 (function () {
   "use strict";
   const { el, api, watch, csrfHeaders, errorMessage } = window.TD;
@@ -19,11 +20,13 @@
     pill.className = "pill pill-lg pill-ep-" + e.status;
     pill.textContent = e.status;
     $("endpoint-phase").textContent = e.status === "starting" && e.phase ? e.phase + "…" : "";
+    $("endpoint-cost").textContent = R.fmtUSD(e.cost_usd);
     $("endpoint-error").textContent = e.error || "";
     $("endpoint-error").hidden = !e.error;
     $("stop-button").disabled = !["pending", "starting", "ready"].includes(e.status);
     $("restart-button").disabled = ACTIVE.includes(e.status);
     $("chat-send").disabled = e.status !== "ready";
+    $("bench-run").disabled = e.status !== "ready" || benchRunning;
   }
 
   $("stop-button").addEventListener("click", async () => {
@@ -59,6 +62,78 @@
       }
     } catch (_) { /* the next refresh tries again */ }
     if (ACTIVE.includes(endpoint.status)) setTimeout(refreshLog, 3000);
+  }
+
+  // ---------- benchmark ----------
+  const B = window.TDBench;
+  const benchChart = B.curveChart($("bench-chart"));
+  let benchRunning = false;
+
+  function showBenchmark(b) {
+    $("bench-progress").hidden = b.status === "succeeded";
+    const pct = b.requests_total ? (100 * b.requests_done) / b.requests_total : 0;
+    $("bench-bar").style.width = pct.toFixed(1) + "%";
+    $("bench-progress-text").textContent = b.requests_done + " / " + b.requests_total + " requests";
+    $("bench-status").textContent = b.status;
+    $("bench-error").textContent = b.error || "";
+    $("bench-error").hidden = !b.error;
+    $("bench-results").hidden = b.results.length === 0;
+    $("bench-summary").textContent = B.summary(b);
+    $("bench-table").replaceChildren(B.levelTable(b));
+    B.setCurves(benchChart, [b]);
+    benchRunning = ["queued", "running"].includes(b.status);
+    $("bench-run").disabled = benchRunning || endpoint.status !== "ready";
+  }
+
+  $("bench-mode").addEventListener("change", () => {
+    const rate = $("bench-mode").value === "rate";
+    $("bench-levels-label").textContent = rate ? "requests / s" : "concurrency";
+    $("bench-levels").value = rate ? "1, 4" : "1, 4, 16";
+    $("bench-max-wrap").hidden = !rate;
+  });
+  $("bench-dataset").addEventListener("change", () => { $("bench-input-wrap").hidden = !!$("bench-dataset").value; });
+
+  $("bench-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const rate = $("bench-mode").value === "rate";
+    const levels = $("bench-levels").value.split(/[\s,]+/).filter(Boolean).map(Number);
+    const body = {
+      endpoint_id: endpoint.id, mode: rate ? "rate" : "concurrency",
+      num_prompts: Number($("bench-prompts").value), input_len: Number($("bench-input").value),
+      output_len: Number($("bench-output").value), dataset_id: $("bench-dataset").value || null,
+    };
+    if (rate) {
+      body.request_rates = levels;
+      if ($("bench-max").value) body.max_concurrency = Number($("bench-max").value);
+    } else {
+      body.concurrency = levels;
+    }
+    $("bench-run").disabled = true;
+    try {
+      const b = await api("/api/v1/benchmarks", { method: "POST", json: body });
+      showBenchmark(b);
+      watch("/api/v1/benchmarks/" + encodeURIComponent(b.id) + "?watch=true", {
+        update: (data, src) => {
+          showBenchmark(data);
+          if (!["queued", "running"].includes(data.status)) src.close();
+        },
+      });
+    } catch (err) {
+      $("bench-error").textContent = err.message;
+      $("bench-error").hidden = false;
+      $("bench-run").disabled = endpoint.status !== "ready";
+    }
+  });
+
+  async function loadBenchmarks() {
+    try {
+      const datasets = await api("/api/v1/datasets?limit=200");
+      for (const d of datasets.data.filter((x) => x.status === "ready")) {
+        $("bench-dataset").append(el("option", { value: d.id }, d.filename + " (" + d.id + ")"));
+      }
+      const latest = (await api("/api/v1/benchmarks?limit=1&endpoint_id=" + encodeURIComponent(endpoint.id))).data[0];
+      if (latest) showBenchmark(latest);
+    } catch (_) { /* the form still works */ }
   }
 
   // ---------- charts ----------
@@ -138,6 +213,7 @@
   async function refreshSamples() {
     try {
       renderSamples(await api(base + "/samples?minutes=60"));
+      render(await api(base));  // its cost grows while it runs
     } catch (_) { /* the next refresh tries again */ }
     if (ACTIVE.includes(endpoint.status)) setTimeout(refreshSamples, 3000);
   }
@@ -239,4 +315,5 @@
   render(endpoint);
   makeCharts();
   follow();
+  loadBenchmarks();
 })();

@@ -221,6 +221,21 @@
       : "latest step";
     $("stat-cost").textContent = R.fmtUSD(run.cost_usd);
     $("stat-cost-note").textContent = "on pool " + run.pool;
+    refreshCost();
+  }
+
+  // The run's total: training plus the endpoints serving its artifacts (re-read at most every 10 s).
+  let costReadAt = 0;
+  async function refreshCost() {
+    if (Date.now() - costReadAt < 10_000) return;
+    costReadAt = Date.now();
+    try {
+      const cost = await api(base + "/cost");
+      if (!cost.endpoints.length) return;
+      $("stat-cost").textContent = R.fmtUSD(cost.total_usd);
+      $("stat-cost-note").textContent = R.fmtUSD(cost.training_usd) + " training on " + run.pool + " + " +
+        R.fmtUSD(cost.serving_usd) + " serving (" + cost.endpoints.length + " endpoint" + (cost.endpoints.length > 1 ? "s" : "") + ")";
+    } catch (_) { /* the next update tries again */ }
   }
 
   function renderConfig() {

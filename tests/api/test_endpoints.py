@@ -113,7 +113,8 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 204
     assert api.get(f"/api/v1/endpoints/{second['id']}").status_code == 404
     listed = api.get("/api/v1/endpoints", params={"artifact_id": artifact["id"]}).json()["data"]
-    assert [e["id"] for e in listed] == [endpoint["id"]]
+    assert endpoint["id"] in [e["id"] for e in listed] and second["id"] not in [e["id"] for e in listed]
+    assert {e["artifact_id"] for e in listed} == {artifact["id"]}  # other tests deploy it too
 
 
 def test_bad_deploy_requests_are_named(api, artifact):

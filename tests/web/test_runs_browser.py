@@ -364,7 +364,28 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     expect(page.locator("#ttft-summary")).to_contain_text("p50")
     expect(page.locator("#endpoint-log")).to_contain_text("tunedeck-phase: compiling")  # the server's output
     expect(page.locator("#restart-button")).to_be_disabled()
+
+    # Benchmark: a small concurrency sweep; its levels fill the table and the latency/throughput curve.
+    page.fill("#bench-levels", "1, 2")
+    page.fill("#bench-prompts", "4")
+    page.fill("#bench-input", "16")
+    page.fill("#bench-output", "8")
+    page.click("#bench-run")
+    expect(page.locator("#bench-table tbody tr")).to_have_count(2, timeout=120_000)
+    expect(page.locator("#bench-table tbody tr").first).to_contain_text("c=1")
+    expect(page.locator("#bench-status")).to_have_text("succeeded", timeout=30_000)
+    page.wait_for_function(
+        "() => Chart.getChart(document.getElementById('bench-chart')).data.datasets[0].data.length === 2"
+    )
     page.screenshot(path=str(ARTIFACTS / "endpoint-page.png"), full_page=True)
+    endpoint_url = page.url
+    page.goto("/benchmarks")  # the compare page draws it, ticked
+    expect(page.locator("#benchmarks-table tbody tr input").first).to_be_checked()  # the newest: this one
+    expect(page.locator("#compare-tables table").first.locator("tbody tr")).to_have_count(2)
+    page.wait_for_function("() => Chart.getChart(document.getElementById('compare-chart')).data.datasets.length >= 2")
+    page.screenshot(path=str(ARTIFACTS / "benchmarks-page.png"), full_page=True)
+    page.goto(endpoint_url)
+    expect(page.locator("#endpoint-status")).to_have_text("ready")
 
     # Stop: the endpoint stops; Restart starts it again (stopped again at once), and the list shows it so.
     page.click("#stop-button")

@@ -1,0 +1,144 @@
+"""A benchmark: load sent to an endpoint, level by level, and its latency and throughput, with the
+definitions of `vllm bench serve` (TTFT, TPOT, ITL, E2E latency; request and token throughput)."""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import field_validator, model_validator
+from sqlalchemy import JSON, Column, Index
+from sqlmodel import AutoString, Field, SQLModel
+
+from app.core.db import utcnow
+
+MAX_LEVELS = 12
+
+
+class BenchmarkStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class BenchmarkConfig(SQLModel):
+    """What load to send. ``concurrency`` mode keeps that many requests in flight (a sweep: one level
+    per value); ``rate`` mode sends requests at Poisson arrivals of that many per second (one level per
+    rate), at most ``max_concurrency`` at a time when set."""
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: list[int] = Field(default=[1, 4, 16], description="requests in flight, one level per value")
+    request_rates: list[float] = Field(default=[1.0], description="requests per second (rate mode), one level each")
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=4096, description="rate mode: a cap on requests in flight"
+    )
+    num_prompts: int = Field(default=32, ge=1, le=10_000, description="requests per level")
+    input_len: int = Field(default=128, ge=1, le=131_072, description="tokens per random prompt")
+    output_len: int = Field(default=64, ge=1, le=32_768, description="tokens per reply (end-of-sequence ignored)")
+    dataset_id: str | None = Field(default=None, description="prompts from this dataset's conversations, not random")
+    seed: int = 0
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, v: list[int]) -> list[int]:
+        if not 1 <= len(v) <= MAX_LEVELS or any(not 1 <= c <= 4096 for c in v):
+            raise ValueError(f"give 1 to {MAX_LEVELS} values, each from 1 to 4096")
+        return sorted(set(v))
+
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if not 1 <= len(v) <= MAX_LEVELS or any(not 0 < r <= 10_000 for r in v):
+            raise ValueError(f"give 1 to {MAX_LEVELS} rates, each above 0 and at most 10000 per second")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _levels(self):
+        if self.mode == "concurrency":
+            self.request_rates = []
+            self.max_concurrency = None
+        else:
+            self.concurrency = []
+        return self
+
+
+class BenchmarkCreate(BenchmarkConfig):
+    endpoint_id: str
+
+
+class Benchmark(SQLModel, table=True):
+    __tablename__ = "benchmarks"
+    __table_args__ = (Index("ix_benchmarks_owner_created", "owner_id", "created_at", "id"),)
+    id: str = Field(primary_key=True, max_length=32)
+    owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
+    # Kept when the endpoint is deleted: results stay comparable, described by the copies below.
+    endpoint_id: str | None = Field(
+        default=None, foreign_key="endpoints.id", ondelete="SET NULL", index=True, max_length=32
+    )
+    model: str = Field(max_length=160)
+    pool: str = Field(max_length=64)
+    runtime: str = Field(max_length=16)
+    chips: int
+    price_per_chip_hour: float  # the pool's, when the benchmark was made: its cost per token
+    status: BenchmarkStatus = Field(default=BenchmarkStatus.queued, index=True, sa_type=AutoString(16))
+    config: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    results: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    requests_done: int = 0
+    requests_total: int = 0
+    error: str | None = None
+    attempts: int = 0  # deliveries of its task that took it (``claim``): one
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Stat(SQLModel):
+    mean: float | None
+    median: float | None
+    p99: float | None
+
+
+class BenchmarkLevel(SQLModel):
+    """One level of load: what `vllm bench serve` prints for a run."""
+
+    concurrency: int | None  # concurrency mode
+    request_rate: float | None  # rate mode
+    completed: int
+    failed: int
+    errors: list[str]  # the first few failures' messages
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    request_throughput: float  # completed requests per second
+    output_throughput: float  # output tokens per second
+    total_token_throughput: float  # input + output tokens per second
+    ttft_ms: Stat  # request sent -> first chunk with text
+    tpot_ms: Stat  # (E2E - TTFT) / (output tokens - 1), per request
+    itl_ms: Stat  # gaps between chunks, over all requests
+    e2el_ms: Stat  # request sent -> last chunk
+    usd_per_million_output_tokens: float | None  # the pool's chip-hours at this output throughput
+
+
+class BenchmarkPublic(SQLModel):
+    id: str
+    endpoint_id: str | None
+    model: str
+    pool: str
+    runtime: str
+    chips: int
+    price_per_chip_hour: float
+    status: BenchmarkStatus
+    config: dict[str, Any]
+    results: list[BenchmarkLevel]
+    requests_done: int
+    requests_total: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class BenchmarksPublic(SQLModel):
+    data: list[BenchmarkPublic]
+    count: int

@@ -1,0 +1,225 @@
+"""Running a benchmark (the `tunedeck.benchmarks.run` task, on the endpoint's pool): load sent straight
+to the endpoint's model server from its host, level by level, measured as `vllm bench serve` measures:
+
+- TTFT: request sent -> first streamed chunk with text; ITL: the gaps between chunks with text;
+- TPOT: (E2E - TTFT) / (output tokens - 1) per request; E2E latency: sent -> last chunk;
+- request and output-token throughput: completed requests and output tokens / the level's duration.
+
+Prompts are random token ids of ``input_len`` decoded with the model's own tokenizer (vLLM's random
+dataset), or a dataset's conversations up to their last reply (sent as chat). Replies go on to
+``output_len`` tokens (``ignore_eos``). In ``rate`` mode requests arrive as a Poisson process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable
+
+import fsspec
+import httpx
+import numpy as np
+
+from app.artifacts.models import Artifact
+from app.benchmarks import service as benchmarks
+from app.core.db import session_scope
+from app.datasets import service as datasets
+from app.datasets.models import Dataset
+from app.datasets.validation import iter_conversations
+from app.endpoints.models import Endpoint
+
+PROGRESS_EVERY_S = 0.5
+MAX_ERRORS = 3
+
+
+def execute(benchmark_id: str) -> None:
+    with session_scope() as session:
+        benchmark = benchmarks.start(session, benchmark_id)
+        if benchmark is None:
+            return
+        try:
+            config = benchmark.config
+            endpoint = session.get(Endpoint, benchmark.endpoint_id)
+            prompts = _prompts(session, endpoint, config)
+            done = 0
+            last = 0.0
+
+            def progress(n: int) -> None:
+                nonlocal last
+                if time.monotonic() - last >= PROGRESS_EVERY_S:
+                    last = time.monotonic()
+                    benchmarks.progress(session, benchmark, done + n)
+
+            levels = [("concurrency", c) for c in config["concurrency"]]
+            levels += [("request_rate", r) for r in config["request_rates"]]
+            for kind, value in levels:
+                level = asyncio.run(
+                    run_level(
+                        endpoint.url,
+                        endpoint.model,
+                        prompts,
+                        output_len=config["output_len"],
+                        concurrency=value if kind == "concurrency" else config["max_concurrency"],
+                        request_rate=value if kind == "request_rate" else None,
+                        seed=config["seed"],
+                        on_request=progress,
+                    )
+                )
+                done += len(prompts)
+                benchmarks.progress(session, benchmark, done)
+                benchmarks.add_level(session, benchmark, level)
+            benchmarks.finish(session, benchmark)
+        except Exception as exc:
+            benchmarks.fail(session, benchmark, f"{type(exc).__name__}: {exc}")
+            raise
+
+
+def _prompts(session, endpoint: Endpoint, config: dict) -> list[dict]:
+    """``num_prompts`` request bodies (without model and sampling): completions of random prompts, or
+    chats from the dataset's conversations (cycled when it has fewer)."""
+    n = config["num_prompts"]
+    if config["dataset_id"]:
+        dataset = session.get(Dataset, config["dataset_id"])
+        chats = []
+        path = datasets.file_path(dataset)
+        for messages in iter_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format):
+            turns = [m for m in messages if m["role"] in ("system", "user", "assistant")]
+            while turns and turns[-1]["role"] == "assistant":
+                turns.pop()
+            if turns:
+                chats.append({"messages": turns})
+            if len(chats) >= n:
+                break
+        if not chats:
+            raise ValueError(f"dataset {dataset.id} has no conversations with a user turn")
+        return list(itertools.islice(itertools.cycle(chats), n))
+    from tokenizers import Tokenizer
+
+    artifact = session.get(Artifact, endpoint.artifact_id)
+    with fsspec.open(f"{artifact.path.rstrip('/')}/tokenizer.json", "r") as f:
+        tokenizer = Tokenizer.from_str(f.read())
+    special = set(tokenizer.get_added_tokens_decoder())
+    vocab = [i for i in range(tokenizer.get_vocab_size()) if i not in special]
+    rng = random.Random(config["seed"])
+    return [{"prompt": tokenizer.decode(rng.choices(vocab, k=config["input_len"]))} for _ in range(n)]
+
+
+async def run_level(
+    url: str,
+    model: str,
+    prompts: list[dict],
+    *,
+    output_len: int,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    seed: int = 0,
+    on_request: Callable[[int], None] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict:
+    """Send every prompt once, at most ``concurrency`` in flight, arriving at ``request_rate`` per
+    second (Poisson) when given, else all at once; the level's results."""
+    gate = asyncio.Semaphore(concurrency or len(prompts))
+    rng = random.Random(seed)
+    finished = 0
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency or len(prompts))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=limits, headers=headers) as client:
+
+        async def one(body: dict) -> dict:
+            nonlocal finished
+            async with gate:
+                result = await _request(client, url, model, body, output_len)
+            finished += 1
+            if on_request is not None:
+                on_request(finished)
+            return result
+
+        started = time.perf_counter()
+        tasks = []
+        for body in prompts:
+            if request_rate is not None and tasks:
+                await asyncio.sleep(rng.expovariate(request_rate))
+            tasks.append(asyncio.create_task(one(body)))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - started
+    return summarize(results, duration, concurrency=None if request_rate else concurrency, request_rate=request_rate)
+
+
+async def _request(client: httpx.AsyncClient, url: str, model: str, body: dict, output_len: int) -> dict:
+    chat = "messages" in body
+    payload = {
+        **body,
+        "model": model,
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    chunks: list[float] = []  # when each chunk with text came
+    last = None  # when the last chunk with a choice came (its finish reason may carry no text)
+    usage = None
+    path = "chat/completions" if chat else "completions"
+    try:
+        async with client.stream("POST", f"{url}/v1/{path}", json=payload) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                return {"error": f"HTTP {r.status_code}: {text[:200]}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if choices := chunk.get("choices"):
+                    last = time.perf_counter()
+                    if choices[0].get("text") or (choices[0].get("delta") or {}).get("content"):
+                        chunks.append(last)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if not chunks:
+        return {"error": "the reply had no tokens"}
+    output = usage["completion_tokens"] if usage else len(chunks)
+    ttft, e2el = chunks[0] - sent, last - sent
+    return {
+        "ttft": ttft,
+        "e2el": e2el,
+        "itl": list(np.diff(chunks)),
+        "tpot": (e2el - ttft) / (output - 1) if output > 1 else None,
+        "input_tokens": usage["prompt_tokens"] if usage else 0,
+        "output_tokens": output,
+    }
+
+
+def _stat(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    ms = np.asarray(values, dtype=np.float64) * 1000
+    return {"mean": float(ms.mean()), "median": float(np.median(ms)), "p99": float(np.percentile(ms, 99))}
+
+
+def summarize(results: list[dict], duration: float, *, concurrency: int | None, request_rate: float | None) -> dict:
+    ok = [r for r in results if "error" not in r]
+    errors = [r["error"] for r in results if "error" in r]
+    input_tokens = sum(r["input_tokens"] for r in ok)
+    output_tokens = sum(r["output_tokens"] for r in ok)
+    return {
+        "concurrency": concurrency,
+        "request_rate": request_rate,
+        "completed": len(ok),
+        "failed": len(errors),
+        "errors": errors[:MAX_ERRORS],
+        "duration_s": duration,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (input_tokens + output_tokens) / duration,
+        "ttft_ms": _stat([r["ttft"] for r in ok]),
+        "tpot_ms": _stat([r["tpot"] for r in ok if r["tpot"] is not None]),
+        "itl_ms": _stat([gap for r in ok for gap in r["itl"]]),
+        "e2el_ms": _stat([r["e2el"] for r in ok]),
+    }
