@@ -50,6 +50,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/merge.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/gateway.py
 
 clean:
 	rm -rf $(VENV) data test-artifacts
