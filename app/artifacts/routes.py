@@ -37,9 +37,7 @@ def create_artifact(data: ArtifactCreate, session: SessionDep, user: CurrentUser
     try:
         return service.to_public(service.create(session, user, data))
     except service.ArtifactError as exc:
-        if exc.conflict:
-            raise errors.conflict(str(exc)) from exc
-        raise errors.unprocessable(str(exc), exc.field) from exc
+        raise errors.answer(exc) from exc
 
 
 @router.get("", response_model=ArtifactsPublic)

@@ -29,6 +29,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
+from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import ACTIVE as ENDPOINT_ACTIVE
 from app.endpoints.models import Endpoint
@@ -37,11 +38,8 @@ from app.runs.models import Run, RunCheckpoint, RunStatus
 MAX_ATTEMPTS = 3
 
 
-class ArtifactError(ValueError):
-    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
-        super().__init__(message)
-        self.field = field
-        self.conflict = conflict
+class ArtifactError(FieldError):
+    pass
 
 
 def build_dir(artifact_id: str) -> Path:

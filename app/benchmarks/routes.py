@@ -22,12 +22,6 @@ def _get(session, user, benchmark_id: str) -> Benchmark:
     return benchmark
 
 
-def _raise(exc: service.BenchmarkError):
-    if exc.conflict:
-        raise errors.conflict(str(exc)) from exc
-    raise errors.unprocessable(str(exc), exc.field) from exc
-
-
 @router.post("", response_model=BenchmarkPublic, status_code=status.HTTP_201_CREATED)
 def create_benchmark(data: BenchmarkCreate, session: SessionDep, user: CurrentUser) -> BenchmarkPublic:
     """Benchmark a ready endpoint: a worker of its pool sends the load, level by level (a sweep over
@@ -35,7 +29,7 @@ def create_benchmark(data: BenchmarkCreate, session: SessionDep, user: CurrentUs
     try:
         return service.to_public(service.create(session, user, data))
     except service.BenchmarkError as exc:
-        _raise(exc)
+        raise errors.answer(exc) from exc
 
 
 @router.get("", response_model=BenchmarksPublic)
@@ -81,5 +75,5 @@ def delete_benchmark(benchmark_id: str, session: SessionDep, user: CurrentUser) 
     try:
         service.delete(session, _get(session, user, benchmark_id))
     except service.BenchmarkError as exc:
-        _raise(exc)
+        raise errors.answer(exc) from exc
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -10,17 +10,15 @@ from app.auth.models import User
 from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
 from app.core import queue
 from app.core.db import claim, utcnow
+from app.core.errors import FieldError
 from app.core.security import new_id
 from app.datasets.models import Dataset, DatasetStatus
 from app.endpoints.models import Endpoint, EndpointStatus
 from app.pools.models import Pool
 
 
-class BenchmarkError(ValueError):
-    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
-        super().__init__(message)
-        self.field = field
-        self.conflict = conflict
+class BenchmarkError(FieldError):
+    pass
 
 
 def to_public(benchmark: Benchmark) -> BenchmarkPublic:

@@ -1,6 +1,21 @@
-"""The API's error answers, in one shape wherever they come from."""
+"""The API's error answers, in one shape wherever they come from, and the error services raise."""
 
 from fastapi import HTTPException, status
+
+
+class FieldError(ValueError):
+    """A service refused: ``field`` names what is wrong; ``conflict`` when it is the object's state
+    (409), not the request (422)."""
+
+    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.field = field
+        self.conflict = conflict
+
+
+def answer(exc: FieldError) -> HTTPException:
+    """The HTTP answer to a service's refusal."""
+    return conflict(str(exc)) if exc.conflict else unprocessable(str(exc), exc.field)
 
 
 def unprocessable(message: str, *loc: str | int) -> HTTPException:

@@ -24,12 +24,6 @@ def _get(session, user, endpoint_id: str) -> Endpoint:
     return endpoint
 
 
-def _raise(exc: service.EndpointError):
-    if exc.conflict:
-        raise errors.conflict(str(exc)) from exc
-    raise errors.unprocessable(str(exc), exc.field) from exc
-
-
 def _fingerprint(e: dict) -> tuple:
     return e["id"], e["status"], e["phase"], e["error"]
 
@@ -40,7 +34,7 @@ def create_endpoint(data: EndpointCreate, session: SessionDep, user: CurrentUser
     try:
         return service.to_public(session, service.create(session, user, data))
     except service.EndpointError as exc:
-        _raise(exc)
+        raise errors.answer(exc) from exc
 
 
 @router.get("", response_model=EndpointsPublic)
@@ -117,7 +111,7 @@ def restart_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -
     try:
         return service.to_public(session, service.restart(session, _get(session, user, endpoint_id)))
     except service.EndpointError as exc:
-        _raise(exc)
+        raise errors.answer(exc) from exc
 
 
 @router.get("/{endpoint_id}/logs", response_class=PlainTextResponse)
@@ -134,5 +128,5 @@ def delete_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) ->
     try:
         service.delete(session, _get(session, user, endpoint_id))
     except service.EndpointError as exc:
-        _raise(exc)
+        raise errors.answer(exc) from exc
     return Response(status_code=status.HTTP_204_NO_CONTENT)

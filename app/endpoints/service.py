@@ -23,6 +23,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
+from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import (
     ACTIVE,
@@ -39,11 +40,8 @@ from app.pools.models import Pool
 MAX_ATTEMPTS = 3
 
 
-class EndpointError(ValueError):
-    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
-        super().__init__(message)
-        self.field = field
-        self.conflict = conflict
+class EndpointError(FieldError):
+    pass
 
 
 def cost_usd(session: Session, endpoint: Endpoint) -> float:
