@@ -4,6 +4,7 @@ seeds, stop strings, batched concurrent requests, vLLM's metrics, and clear erro
 
 import asyncio
 import functools
+import json
 import subprocess
 import sys
 import time
@@ -24,14 +25,12 @@ def model_dir(tmp_path_factory):
     return create_tiny_gemma4(tmp_path_factory.mktemp("serve") / "tiny")
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def start_server(model_dir, log, max_num_seqs: int, max_model_len: int):
     port = free_port()
-    log = tmp_path_factory.mktemp("serve-log") / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.serve", "--model", str(model_dir), "--served-model-name", MODEL]
-            + ["--port", str(port), "--max-num-seqs", "8", "--max-model-len", "256"],
+            + ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -46,6 +45,12 @@ def server(model_dir, tmp_path_factory):
             pass
         assert time.monotonic() < deadline, "the model server did not become healthy"
         time.sleep(0.3)
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    proc, url = start_server(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", 8, 256)
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -156,6 +161,81 @@ def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     assert metric(server, "vllm:generation_tokens_total") == tokens_before + generated
     assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_path):
+    """Continuous batching: a request that arrives while another decodes joins it at once (its first
+    token comes before the other's reply ends), and what each gets is still what the model gives its
+    prompt alone, token for token, also across rebases of the cache's columns (every 32 steps here)."""
+    from worker.training.data import ChatTokenizer
+
+    tok = ChatTokenizer(model_dir)
+    log = tmp_path / "server.log"
+    proc, url = start_server(model_dir, log, 4, 128)
+    prompts = ["the quick brown fox", "once upon a time in a land far away", "a", "numbers: one two", "hello"]
+    n = 60  # each request starts when the one before has 20 tokens
+    started = [asyncio.Event() for _ in prompts]
+
+    async def complete(client, i):
+        if i:
+            await started[i - 1].wait()
+        body = {"model": MODEL, "prompt": prompts[i], "max_tokens": n, "temperature": 0, "ignore_eos": True}
+        text, chunks, first = "", 0, None
+        async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and (chunk := json.loads(line[6:]))["choices"]:
+                    text += chunk["choices"][0]["text"]
+                    chunks += 1
+                    first = first or time.perf_counter()
+                    if chunks == 20:
+                        started[i].set()
+        return text, first, time.perf_counter()
+
+    async def overlapping():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*[complete(client, i) for i in range(len(prompts))])
+
+    try:
+        replies = asyncio.run(overlapping())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for i in range(1, len(prompts)):
+        assert replies[i][1] < replies[i - 1][2], f"request {i} waited for request {i - 1} to end"
+    assert "tunedeck: KV cache columns rebased" in log.read_text()
+    for prompt, (text, _, _) in zip(prompts, replies, strict=True):
+        expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], n, width=128)
+        assert text == tok.decode(expected, skip_special_tokens=True), prompt
+
+
+@pytest.mark.parametrize("advance, place", [(0, 2), (49, 1), (33, 2), (70, 0)])
+def test_a_prompt_decodes_as_alone_whatever_the_column_and_row_it_joins_at(model_dir, advance, place):
+    """The engine itself: a request that joins after ``advance`` steps of another (so at another shared
+    column, across a rebase for 70), in a group, in row ``place``, gets the reference's greedy reply."""
+    from worker.serve import generate
+    from worker.training.data import ChatTokenizer
+
+    tok = ChatTokenizer(model_dir)
+    engine = generate.Engine(model_dir, max_num_seqs=4, max_model_len=128)
+    engine.start(warm_up=False)
+
+    def request(prompt: str, n: int, out: list | None = None):
+        ids = [tok.bos_id, *tok.encode(prompt)]
+        emit = (lambda token, finish: out.append(token) if token is not None else None) if out is not None else None
+        return generate.Request(ids, n, emit or (lambda token, finish: None), temperature=0.0, ignore_eos=True)
+
+    if advance:
+        engine._admit([request("x", advance)])
+        while any(engine._rows):
+            engine._decode()
+    prompt = "once upon a time in a land far away there lived"
+    out: list[int] = []
+    group = [request("a", 12), request("hello", 12)]
+    group.insert(place, request(prompt, 12, out))
+    engine._admit(group)
+    while any(engine._rows):
+        engine._decode()
+    assert out == reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], 12)
 
 
 def test_seed_temperature_and_stop(server):

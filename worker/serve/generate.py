@@ -1,16 +1,22 @@
 """Text generation for the built-in model server: a merged Hugging Face checkpoint loaded through
-Tunix's loader, a KV cache, and the requests that wait decoded together.
+Tunix's loader, a KV cache, and continuous batching.
 
-Batching: the engine thread takes every waiting request (up to ``max_num_seqs``), prefills their
-prompts together (left-padded) and decodes them one step at a time, all rows in one call, handing
-each row's new token to its request as it comes (so replies stream). A row that finishes stops
-streaming at once; the batch ends when all its rows have finished, and the requests that arrived
-meanwhile form the next batch. A decode step costs about the same for 1 row as for 16, so
-throughput grows with concurrency. (Rows cannot join a running batch: Tunix's Gemma 4 cache writes
-one column for all rows per step.)
+The engine keeps ``max_num_seqs`` rows of KV cache, decoded one step at a time, all rows in one call,
+each new token handed to its request as it comes (so replies stream). A request that arrives joins at
+the next step: its prompt is prefilled on its own (with the others that arrived with it) and its keys
+and values are copied into a free row, so its first token does not wait for the running replies to
+end. A row that finishes is free at once.
 
-Batch sizes are rounded up to powers of two and prompt lengths to multiples of PROMPT_BUCKET, so a
-handful of shapes are compiled once each.
+Tunix's Gemma 4 cache writes every row's new token at one shared column (``end_index``). So the rows
+share a column counter ``t`` in a logical space of ``L + M`` columns (``L``: max_model_len; ``M``: a
+multiple of the sliding window near L / 4): a joining prompt is placed in its row just before ``t``
+(``t`` is never below L); when ``t`` reaches L + M, the global layers' caches shift left by M columns and
+``t`` goes back by M (a live row spans at most L columns, so none of its columns falls off; the sliding
+layers' ring caches are unchanged, M being a multiple of their window). Each row's attention mask
+admits only its own columns.
+
+Prompt lengths are rounded up to multiples of PROMPT_BUCKET and joining groups to powers of two, so a
+handful of shapes are compiled once each (the common ones at start).
 """
 
 from __future__ import annotations
@@ -71,19 +77,23 @@ class Engine:
         model = models.load_base_model(self.model_dir, config, dtype=dtype)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        window = config.sliding_window_size or 1
+        self.shift = max(1, -(-max_model_len // 4 // window)) * window  # M: a multiple of the window
+        self.span = max_model_len + self.shift  # the logical columns: the global layers' cache length
         self.vocab_size = config.num_embed
         self.cache_dtype = jnp.float32 if dtype == "float32" else jnp.bfloat16
         graphdef, state = nnx.split(model)
-        self._model = model
         self._waiting: queue.Queue[Request] = queue.Queue()
-        self.running = 0  # rows of the batch being decoded that have not finished
+        self.running = 0  # rows with a live request
         self.steps = 0
 
         def forward(state, tokens, positions, cache, mask):
             return nnx.merge(graphdef, state)(tokens, positions, cache, mask, decode_only_last_token=True)
 
-        def sample(logits, keys, temperature, top_p):
-            """Per row: greedy where temperature is 0, else nucleus sampling from its own key."""
+        def sample(logits, keys, counts, temperature, top_p):
+            """Per row: greedy where temperature is 0, else nucleus sampling with the row's key folded with
+            how many tokens it has sampled (so a seed gives the same reply whatever else runs)."""
+            keys = jax.vmap(jax.random.fold_in)(keys, counts)
             logits = logits[:, -1, :].astype(jnp.float32)
             greedy = jnp.argmax(logits, axis=-1)
             scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
@@ -96,28 +106,80 @@ class Engine:
             sampled = jnp.take_along_axis(order, picked[:, None], axis=-1)[:, 0]
             return jnp.where(temperature > 0, sampled, greedy)
 
-        def step(state, tokens, positions, cache, mask, keys, temperature, top_p):
+        def step(state, tokens, positions, cache, mask, keys, counts, temperature, top_p):
             logits, cache = forward(state, tokens, positions, cache, mask)
-            return sample(logits, keys, temperature, top_p), cache
+            return sample(logits, keys, counts, temperature, top_p), cache
+
+        def step_rows(state, tokens, positions, cache, mask, keys, counts, temperature, top_p):
+            """``step`` on the first rows of the cache only (as many as ``tokens`` has): a step costs
+            about its rows' worth, so few live requests decode fast."""
+            rows = tokens.shape[0]
+            head = {name: {k: v[:rows] for k, v in layer.items()} for name, layer in cache.items()}
+            out, head = step(state, tokens, positions, head, mask, keys, counts, temperature, top_p)
+            return out, {
+                name: {
+                    "k": layer["k"].at[:rows].set(head[name]["k"]),
+                    "v": layer["v"].at[:rows].set(head[name]["v"]),
+                    # every row's, not only these rows': it is the shared column t of all of them
+                    "end_index": jnp.full_like(layer["end_index"], head[name]["end_index"][0]),
+                }
+                for name, layer in cache.items()
+            }
+
+        def insert(cache, small, rows, t, width):
+            """Copy a prefilled group's keys and values (``small``, its prompts at columns 0..width) into
+            ``rows`` of the cache at logical columns t - width .. t (rows out of range are dropped)."""
+            out = {}
+            for name, layer in cache.items():
+                big_len, small_len = layer["k"].shape[1], small[name]["k"].shape[1]
+                kept = jnp.arange(width - min(small_len, big_len, width), width)
+                src, dst = kept % small_len, (t - width + kept) % big_len
+                out[name] = dict(layer)
+                for kv in ("k", "v"):
+                    out[name][kv] = layer[kv].at[rows[:, None], dst[None, :]].set(small[name][kv][:, src], mode="drop")
+            return out
+
+        def rebase(cache, shift, span):
+            """t reached L + M: the columns of the caches as long as the logical space move M left."""
+            out = {}
+            for name, layer in cache.items():
+                out[name] = dict(layer, end_index=layer["end_index"] - shift)
+                if layer["k"].shape[1] == span:
+                    out[name]["k"] = jnp.roll(layer["k"], -shift, axis=1)
+                    out[name]["v"] = jnp.roll(layer["v"], -shift, axis=1)
+            return out
 
         self._state = state
-        self._step = jax.jit(step, donate_argnums=(3,))
+        self._prefill = jax.jit(step, donate_argnums=(3,))
+        self._step = jax.jit(step_rows, donate_argnums=(3,))
+        self._insert = jax.jit(insert, donate_argnums=(0,), static_argnums=(4,))
+        self._rebase = jax.jit(rebase, donate_argnums=(0,), static_argnums=(1, 2))
         self._init_cache = model.init_cache
         self._jax, self._jnp = jax, jnp
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
     def start(self, warm_up: bool = True) -> None:
-        """Compile every batch shape for short prompts (powers of two up to max_num_seqs), so no early
-        request waits for a compile; then serve."""
+        """Set up the rows, compile the decode step and the joining of 1, 2, 4, ... short prompts (so no
+        early request waits for a compile), then serve."""
+        jax, jnp = self._jax, self._jnp
+        rows, span = self.max_num_seqs, self.span
+        self._cache = self._init_cache(rows, span, self.cache_dtype)
+        self._cache = {
+            name: dict(layer, end_index=jnp.full_like(layer["end_index"], self.max_model_len))
+            for name, layer in self._cache.items()
+        }
+        self._t = self.max_model_len  # the logical column the next decode step writes
+        self._valid = np.zeros((rows, span), bool)  # the columns each row attends to
+        self._rows: list[_Row | None] = [None] * rows
+        self._keys = jax.random.key_data(jnp.stack([jax.random.key(0)] * rows))
         if warm_up:
-            rows = 1
-            while rows // 2 < self.max_num_seqs:
-                batch = [
-                    Request([self.tokenizer.bos_id], 2, lambda token, finish: None, temperature=1.0)
-                    for _ in range(rows)
-                ]
-                self._run(batch)
-                rows *= 2
+            group = 1
+            while group <= rows:
+                batch = [Request([self.tokenizer.bos_id], 2, lambda token, finish: None) for _ in range(group)]
+                self._admit(batch)
+                while any(self._rows):
+                    self._decode()
+                group *= 2
         self._thread.start()
 
     @property
@@ -132,99 +194,150 @@ class Engine:
             )
         self._waiting.put(request)
 
+    def finish_early(self, request: Request) -> None:
+        """The request needs no more tokens (a stop string matched, or its client left)."""
+        request.cancelled = True
+
     # -- the engine thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
-            batch = [self._waiting.get()]
-            while len(batch) < self.max_num_seqs:
-                try:
-                    batch.append(self._waiting.get_nowait())
-                except queue.Empty:
-                    break
+            joining: list[Request] = []
             try:
-                self._run(batch)
+                free = self._rows.count(None)
+                if free == len(self._rows):  # idle: wait for work
+                    joining.append(self._waiting.get())
+                while len(joining) < free:
+                    try:
+                        joining.append(self._waiting.get_nowait())
+                    except queue.Empty:
+                        break
+                if joining:
+                    self._admit(joining)
+                if any(self._rows):
+                    self._decode()
             except Exception as exc:  # noqa: BLE001 - reported to each request; the server goes on
                 log.exception("generation failed")
-                for r in batch:
-                    r.emit(None, f"error: {exc}")
-            finally:
-                self.running = 0
+                live = {id(row.request) for row in self._rows if row is not None}
+                for r in joining:
+                    if id(r) not in live:
+                        r.emit(None, f"error: {exc}")
+                for i, row in enumerate(self._rows):
+                    if row is not None:
+                        row.request.emit(None, f"error: {exc}")
+                        self._free(i)
 
-    def _run(self, batch: list[Request]) -> None:
+    def _admit(self, requests: list[Request]) -> None:
+        """Prefill the requests' prompts together (left-padded), copy their keys and values into free
+        rows just before column t, and hand each its first token."""
         jax, jnp = self._jax, self._jnp
-        rows = 1 << (len(batch) - 1).bit_length()  # a power of two
-        longest = max(len(r.prompt_ids) for r in batch)
+        group = 1 << (len(requests) - 1).bit_length()
+        longest = max(len(r.prompt_ids) for r in requests)
         width = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, self.max_model_len - 1)
-        budget = [min(r.max_tokens, self.max_model_len - width) for r in batch]
-        cache_len = self.max_model_len
-        pad = self.tokenizer.pad_id
-
-        tokens = np.full((rows, width), pad, np.int32)
-        valid = np.zeros((rows, cache_len), bool)  # the cache columns each row attends to
-        for i, r in enumerate(batch):
+        tokens = np.full((group, width), self.tokenizer.pad_id, np.int32)
+        valid = np.zeros((group, width), bool)
+        for i, r in enumerate(requests):
             tokens[i, width - len(r.prompt_ids) :] = r.prompt_ids
-            valid[i, width - len(r.prompt_ids) : width] = True
-        for i in range(len(batch), rows):  # padding rows: one token, never read
-            valid[i, width - 1] = True
-        positions = np.maximum(np.cumsum(valid[:, :width], axis=1) - 1, 0).astype(np.int32)
-        causal = np.tril(np.ones((width, width), bool))
-        mask = np.zeros((rows, width, cache_len), bool)
-        mask[:, :, :width] = causal[None] & valid[:, None, :width]
-
-        temperature = np.zeros(rows, np.float32)
-        top_p = np.ones(rows, np.float32)
-        base_keys = []
-        for i in range(rows):
-            r = batch[i] if i < len(batch) else None
+            valid[i, width - len(r.prompt_ids) :] = True
+        valid[len(requests) :, width - 1] = True  # padding rows: one token, never read
+        positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32)
+        mask = np.tril(np.ones((width, width), bool))[None] & valid[:, None, :]
+        temperature = np.zeros(group, np.float32)
+        top_p = np.ones(group, np.float32)
+        keys = []
+        for i in range(group):
+            r = requests[i] if i < len(requests) else None
             if r is not None:
                 temperature[i], top_p[i] = r.temperature, r.top_p
             seed = r.seed if r is not None and r.seed is not None else int(np.random.default_rng().integers(2**31))
-            base_keys.append(jax.random.key(seed))
-        base_keys = jnp.stack(base_keys)
+            keys.append(jax.random.key(seed))
+        keys = jnp.stack(keys)
+        small = self._init_cache(group, width, self.cache_dtype)
+        first, small = self._prefill(
+            self._state, tokens, positions, small, mask, keys, np.zeros(group, np.int32), temperature, top_p
+        )
+        slots = [i for i, row in enumerate(self._rows) if row is None][: len(requests)]
+        rows = np.full(group, self.max_num_seqs, np.int32)  # out of range: dropped
+        rows[: len(slots)] = slots
+        self._cache = self._insert(self._cache, small, jnp.asarray(rows), self._t, width)
+        key_data = jax.random.key_data(keys)
+        self._keys = self._keys.at[jnp.asarray(slots)].set(key_data[: len(slots)])
+        first = np.asarray(first)
+        for i, (slot, r) in enumerate(zip(slots, requests, strict=True)):
+            self._valid[slot] = False
+            self._valid[slot, self._t - width : self._t] = valid[i]
+            row = _Row(r, budget=min(r.max_tokens, self.max_model_len - width), position=int(positions[i, -1]) + 1)
+            self._rows[slot] = row
+            self.running += 1
+            self._take(slot, int(first[i]))
 
-        cache = self._init_cache(rows, cache_len, self.cache_dtype)
-        next_pos = positions[:, -1] + 1
-        finished = [False] * len(batch)
-        generated = [0] * len(batch)
-        self.running = len(batch)
-        t = width  # the cache column the next token goes to
-        step_tokens, step_positions, step_mask = tokens, positions, mask
-        while True:
-            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, t)
-            out, cache = self._step(
-                self._state, step_tokens, step_positions, cache, step_mask, keys, temperature, top_p
-            )
-            out = np.asarray(out)
-            self.steps += 1
-            for i, r in enumerate(batch):
-                if finished[i]:
-                    continue
-                token = int(out[i])
-                if r.cancelled:
-                    finished[i] = True
-                    self.running -= 1
-                    continue
-                if token in self.stop_ids and not r.ignore_eos:
-                    finished[i] = True
-                    self.running -= 1
-                    r.emit(None, "stop")
-                    continue
-                generated[i] += 1
-                r.emit(token, None)
-                if generated[i] >= budget[i] or t + 1 >= cache_len:
-                    finished[i] = True
-                    self.running -= 1
-                    r.emit(None, "length")
-            if all(finished):
-                return
-            valid[:, t] = True
-            step_tokens = out[:, None].astype(np.int32)
-            step_positions = next_pos[:, None].astype(np.int32)
-            next_pos = next_pos + 1
-            step_mask = valid[:, None, :].copy()
-            t += 1
+    def _decode(self) -> None:
+        """One step of every row: each live row's last token in, its next token out."""
+        jax = self._jax
+        if self._t == self.span:
+            m = self.shift
+            self._cache = self._rebase(self._cache, m, self.span)
+            self._valid[:, :-m] = self._valid[:, m:]
+            self._valid[:, -m:] = False
+            self._t -= m
+            print(f"tunedeck: KV cache columns rebased at step {self.steps}", flush=True)
+        # The rows up to the last live one, rounded up to a power of two (requests take the lowest free
+        # rows), so a handful of shapes are compiled.
+        last = max(i for i, row in enumerate(self._rows) if row is not None)
+        n = min(self.max_num_seqs, 1 << last.bit_length())
+        tokens = np.zeros((n, 1), np.int32)
+        positions = np.zeros((n, 1), np.int32)
+        counts = np.zeros(n, np.int32)
+        temperature = np.zeros(n, np.float32)
+        top_p = np.ones(n, np.float32)
+        for i, row in enumerate(self._rows[:n]):
+            if row is None:
+                continue
+            self._valid[i, self._t] = True
+            tokens[i, 0], positions[i, 0], counts[i] = row.last, row.position, row.generated
+            temperature[i], top_p[i] = row.request.temperature, row.request.top_p
+        keys = jax.random.wrap_key_data(self._keys[:n])
+        out, self._cache = self._step(
+            self._state, tokens, positions, self._cache, self._valid[:n, None, :], keys, counts, temperature, top_p
+        )
+        out = np.asarray(out)
+        self.steps += 1
+        self._t += 1
+        for i, row in enumerate(self._rows[:n]):
+            if row is not None:
+                row.position += 1
+                self._take(i, int(out[i]))
 
-    def finish_early(self, request: Request) -> None:
-        """The request needs no more tokens (a stop string matched, or its client left)."""
-        request.cancelled = True
+    def _take(self, slot: int, token: int) -> None:
+        """A row's new token: streamed to its request, or the row's end."""
+        row = self._rows[slot]
+        r = row.request
+        if r.cancelled:
+            self._free(slot)
+            return
+        if token in self.stop_ids and not r.ignore_eos:
+            r.emit(None, "stop")
+            self._free(slot)
+            return
+        row.generated += 1
+        row.last = token
+        r.emit(token, None)
+        if row.generated >= row.budget:
+            r.emit(None, "length")
+            self._free(slot)
+
+    def _free(self, slot: int) -> None:
+        self._rows[slot] = None
+        self._valid[slot] = False
+        self.running -= 1
+
+
+@dataclasses.dataclass
+class _Row:
+    """A request being decoded in a row of the cache."""
+
+    request: Request
+    budget: int  # the most tokens it may generate (max_tokens, within max_model_len)
+    position: int  # the position of its next token in its own sequence
+    generated: int = 0
+    last: int = 0  # its last token: the next step's input
