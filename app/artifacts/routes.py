@@ -10,10 +10,9 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from app.artifacts import service
 from app.artifacts.models import Artifact, ArtifactCreate, ArtifactPublic, ArtifactsPublic
 from app.core import errors
-from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
-from app.core.sse import watch
+from app.core.sse import watch_body
 
 CHUNK = 1 << 20
 
@@ -59,12 +58,7 @@ def list_artifacts(
     if not watch_:
         return listed(session)
 
-    def snapshot():
-        with session_scope() as s:
-            body = listed(s)
-        return [_fingerprint(a) for a in body["data"]], body
-
-    return watch(request, snapshot)
+    return watch_body(request, listed, lambda body: [_fingerprint(a) for a in body["data"]])
 
 
 @router.get("/{artifact_id}", response_model=ArtifactPublic)
@@ -79,15 +73,11 @@ def get_artifact(
     if not watch_:
         return service.to_public(artifact)
 
-    def snapshot():
-        with session_scope() as s:
-            current = service.get(s, user, artifact_id)
-            if current is None:  # deleted: the stream ends
-                return None
-            body = service.to_public(current).model_dump(mode="json")
-        return _fingerprint(body), body
+    def load(s):
+        current = service.get(s, user, artifact_id)
+        return None if current is None else service.to_public(current).model_dump(mode="json")
 
-    return watch(request, snapshot)
+    return watch_body(request, load, _fingerprint)
 
 
 @router.get("/{artifact_id}/files/{name:path}")

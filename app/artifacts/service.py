@@ -28,7 +28,7 @@ from app.artifacts.models import (
 from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
-from app.core.db import claim, utcnow
+from app.core.db import claim, owned, owned_page, utcnow
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import ACTIVE as ENDPOINT_ACTIVE
@@ -67,16 +67,11 @@ def to_public(artifact: Artifact) -> ArtifactPublic:
 def list_artifacts(
     session: Session, owner: User, *, run_id: str | None = None, limit: int = 100, offset: int = 0
 ) -> list[Artifact]:
-    query = select(Artifact).where(Artifact.owner_id == owner.id)
-    if run_id is not None:
-        query = query.where(Artifact.run_id == run_id)
-    query = query.order_by(Artifact.created_at.desc(), Artifact.id.desc()).offset(offset).limit(limit)
-    return list(session.exec(query).all())
+    return owned_page(session, Artifact, owner, limit=limit, offset=offset, run_id=run_id)
 
 
 def get(session: Session, owner: User, artifact_id: str) -> Artifact | None:
-    artifact = session.get(Artifact, artifact_id)
-    return artifact if artifact is not None and artifact.owner_id == owner.id else None
+    return owned(session, Artifact, owner, artifact_id)
 
 
 def by_name(session: Session, name: str) -> Artifact | None:

@@ -7,10 +7,9 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from app.benchmarks import service
 from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarksPublic
 from app.core import errors
-from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
-from app.core.sse import watch
+from app.core.sse import watch_body
 
 router = APIRouter(route_class=Route, prefix="/api/v1/benchmarks", tags=["benchmarks"])
 
@@ -59,15 +58,11 @@ def get_benchmark(
     if not watch_:
         return service.to_public(benchmark)
 
-    def snapshot():
-        with session_scope() as s:
-            current = service.get(s, user, benchmark_id)
-            if current is None:
-                return None
-            body = service.to_public(current).model_dump(mode="json")
-        return (body["status"], body["requests_done"], len(body["results"])), body
+    def load(s):
+        current = service.get(s, user, benchmark_id)
+        return None if current is None else service.to_public(current).model_dump(mode="json")
 
-    return watch(request, snapshot)
+    return watch_body(request, load, lambda body: (body["status"], body["requests_done"], len(body["results"])))
 
 
 @router.delete("/{benchmark_id}", status_code=status.HTTP_204_NO_CONTENT)

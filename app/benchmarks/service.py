@@ -4,12 +4,12 @@ from the endpoint's host and records each level here as it completes."""
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from app.auth.models import User
 from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
 from app.core import queue
-from app.core.db import claim, utcnow
+from app.core.db import claim, owned, owned_page, utcnow
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.datasets.models import Dataset, DatasetStatus
@@ -61,16 +61,11 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
 def list_benchmarks(
     session: Session, owner: User, *, endpoint_id: str | None = None, limit: int = 100, offset: int = 0
 ) -> list[Benchmark]:
-    query = select(Benchmark).where(Benchmark.owner_id == owner.id)
-    if endpoint_id is not None:
-        query = query.where(Benchmark.endpoint_id == endpoint_id)
-    query = query.order_by(Benchmark.created_at.desc(), Benchmark.id.desc()).offset(offset).limit(limit)
-    return list(session.exec(query).all())
+    return owned_page(session, Benchmark, owner, limit=limit, offset=offset, endpoint_id=endpoint_id)
 
 
 def get(session: Session, owner: User, benchmark_id: str) -> Benchmark | None:
-    benchmark = session.get(Benchmark, benchmark_id)
-    return benchmark if benchmark is not None and benchmark.owner_id == owner.id else None
+    return owned(session, Benchmark, owner, benchmark_id)
 
 
 def delete(session: Session, benchmark: Benchmark) -> None:

@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sqlalchemy import Engine, event, update
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, SQLModel, create_engine, select
 
 from app.core.config import get_settings
 
@@ -33,6 +33,22 @@ def claim(session: Session, row: SQLModel, **values) -> bool:
     session.commit()
     session.refresh(row)
     return True
+
+
+def owned(session: Session, model: type[SQLModel], owner, row_id: str):
+    """The row of ``model`` with this id, if ``owner`` owns it (else None)."""
+    row = session.get(model, row_id)
+    return row if row is not None and row.owner_id == owner.id else None
+
+
+def owned_page(session: Session, model: type[SQLModel], owner, *, limit: int, offset: int, **filters) -> list:
+    """``owner``'s rows of ``model``, newest first, where every filter that is not None holds."""
+    query = select(model).where(model.owner_id == owner.id)
+    for column, value in filters.items():
+        if value is not None:
+            query = query.where(getattr(model, column) == value)
+    query = query.order_by(model.created_at.desc(), model.id.desc()).offset(offset).limit(limit)
+    return list(session.exec(query).all())
 
 
 @lru_cache

@@ -14,6 +14,8 @@ from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.core.db import session_scope
+
 POLL_SECONDS = 0.5
 
 
@@ -39,3 +41,15 @@ def watch(
             await asyncio.sleep(POLL_SECONDS)
 
     return EventSourceResponse(events(), ping=15)
+
+
+def watch_body(request: Request, load: Callable[[Any], dict | None], fingerprint: Callable[[dict], Any]):
+    """Stream the JSON body ``load(session)`` makes (each poll in a session of its own; None: the object
+    is gone and the stream ends) whenever ``fingerprint(body)`` changes: a watched list or row."""
+
+    def snapshot():
+        with session_scope() as session:
+            body = load(session)
+        return None if body is None else (fingerprint(body), body)
+
+    return watch(request, snapshot)

@@ -7,10 +7,10 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 
 from app.core import errors
-from app.core.db import session_scope, utcnow
+from app.core.db import utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
-from app.core.sse import watch
+from app.core.sse import watch_body
 from app.endpoints import service
 from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointSamplePublic, EndpointsPublic
 
@@ -56,12 +56,7 @@ def list_endpoints(
     if not watch_:
         return listed(session)
 
-    def snapshot():
-        with session_scope() as s:
-            body = listed(s)
-        return [_fingerprint(e) for e in body["data"]], body
-
-    return watch(request, snapshot)
+    return watch_body(request, listed, lambda body: [_fingerprint(e) for e in body["data"]])
 
 
 @router.get("/{endpoint_id}", response_model=EndpointPublic)
@@ -76,15 +71,11 @@ def get_endpoint(
     if not watch_:
         return service.to_public(session, endpoint)
 
-    def snapshot():
-        with session_scope() as s:
-            current = service.get(s, user, endpoint_id)
-            if current is None:
-                return None
-            body = service.to_public(s, current).model_dump(mode="json")
-        return _fingerprint(body), body
+    def load(s):
+        current = service.get(s, user, endpoint_id)
+        return None if current is None else service.to_public(s, current).model_dump(mode="json")
 
-    return watch(request, snapshot)
+    return watch_body(request, load, _fingerprint)
 
 
 @router.get("/{endpoint_id}/samples", response_model=list[EndpointSamplePublic])

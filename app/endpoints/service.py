@@ -22,7 +22,7 @@ from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
-from app.core.db import claim, utcnow
+from app.core.db import claim, owned, owned_page, utcnow
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import (
@@ -66,16 +66,11 @@ def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:
 def list_endpoints(
     session: Session, owner: User, *, artifact_id: str | None = None, limit: int = 100, offset: int = 0
 ) -> list[Endpoint]:
-    query = select(Endpoint).where(Endpoint.owner_id == owner.id)
-    if artifact_id is not None:
-        query = query.where(Endpoint.artifact_id == artifact_id)
-    query = query.order_by(Endpoint.created_at.desc(), Endpoint.id.desc()).offset(offset).limit(limit)
-    return list(session.exec(query).all())
+    return owned_page(session, Endpoint, owner, limit=limit, offset=offset, artifact_id=artifact_id)
 
 
 def get(session: Session, owner: User, endpoint_id: str) -> Endpoint | None:
-    endpoint = session.get(Endpoint, endpoint_id)
-    return endpoint if endpoint is not None and endpoint.owner_id == owner.id else None
+    return owned(session, Endpoint, owner, endpoint_id)
 
 
 def _runtime(pool: Pool) -> Runtime:
