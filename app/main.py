@@ -55,6 +55,7 @@ def create_app() -> FastAPI:
         # so a full collection does not walk it (tens of ms on every gen-2 pass).
         gc.freeze()
         yield
+        await endpoint_gateway.close_upstream()
 
     app = FastAPI(
         title="Tunedeck",

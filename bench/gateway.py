@@ -1,9 +1,11 @@
 """Tunedeck's gateway against the model server behind it: the same load both ways, in one run.
 
     .venv/bin/python bench/gateway.py [--requests 48] [--concurrency 1,8] [--rounds 3] [--max-tokens 32]
+                                      [--data-dir DIR]
 
-Starts `tunedeck up` on a fresh data dir, trains the tiny run the tests train (6 steps on the demo
-dataset), waits for its merged artifact, deploys it on the cpu pool, and then, for each concurrency,
+Starts `tunedeck up` on a fresh data dir (or DIR, where a merged artifact made by an earlier run of
+this script is deployed again instead of training anew), trains the tiny run the tests train (6 steps
+on the demo dataset), waits for its merged artifact, deploys it on the cpu pool, and then, for each concurrency,
 sends rounds of the same requests (random-word prompts, ``ignore_eos``, streamed) alternately straight
 to the model server and through the gateway's ``/v1/completions`` with an API token, measured as
 ``vllm bench serve`` measures (worker/benchmarks.run_level). Rounds alternate so that drift of this
@@ -51,8 +53,11 @@ def wait(what: str, check, timeout: float = 600):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def deploy(api: httpx.Client) -> dict:
-    """The tiny run trained, its merged artifact built, deployed on the cpu pool: the ready endpoint."""
+def train_and_merge(api: httpx.Client) -> dict:
+    """The tiny run trained and its merged artifact built (or the one built before in this data dir)."""
+    for a in api.get("/api/v1/artifacts").json()["data"]:
+        if a["kind"] == "merged" and a["status"] == "succeeded":
+            return a
     dataset = api.post("/api/v1/datasets/demo").json()["id"]
     wait("the demo dataset", lambda: api.get(f"/api/v1/datasets/{dataset}").json()["status"] == "ready")
     run = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": TINY_RUN}).json()["id"]
@@ -65,7 +70,14 @@ def deploy(api: httpx.Client) -> dict:
         arts = api.get("/api/v1/artifacts", params={"run_id": run}).json()["data"]
         return next((a for a in arts if a["kind"] == "merged" and a["status"] in ("succeeded", "failed")), None)
 
-    artifact = wait("the merged artifact", merged)
+    return wait("the merged artifact", merged)
+
+
+def deploy(api: httpx.Client) -> dict:
+    """The tiny model's merged artifact deployed on the cpu pool: the ready endpoint."""
+    artifact = train_and_merge(api)
+    if artifact["status"] != "succeeded":
+        raise SystemExit(f"the merge failed: {artifact['error']}")
     body = {"artifact_id": artifact["id"], "max_model_len": 512, "max_num_seqs": 16}
     endpoint = api.post("/api/v1/endpoints", json=body).json()["id"]
     return wait(
@@ -80,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per side and concurrency, alternating")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--data-dir", type=Path, help="keep the data here; a merged artifact already in it is reused")
     args = ap.parse_args(argv)
 
-    data_dir = Path(tempfile.mkdtemp(prefix="tunedeck-bench-gateway-"))
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="tunedeck-bench-gateway-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
     token = "td_bench_" + os.urandom(8).hex()
     port = 18000 + random.randrange(1000)
     env = {

@@ -110,6 +110,8 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
             "TUNEDECK_ADMIN_TOKEN": "td_test_" + secrets.token_urlsafe(24),
             "TUNEDECK_WORKER_HEARTBEAT_SECONDS": "1",
             "TUNEDECK_PROBE_SECONDS": "1",
+            # the gateway remembers a model's endpoint for the session: tests see it re-route when one goes
+            "TUNEDECK_GATEWAY_ROUTE_SECONDS": "3600",
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     probe_seconds: float = Field(
         default=15.0, gt=0, description="how often each ready endpoint is probed and its /metrics scraped"
     )
+    gateway_route_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="how long the gateway remembers which endpoint serves a model "
+        "(one that stops answering is looked up again at once)",
+    )
     serve_host: str = Field(
         default="127.0.0.1",
         description="the address model servers of this worker bind and are reached at (by the web process)",

@@ -9,6 +9,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, Form, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
 from app.auth import service as auth_service
@@ -36,20 +37,33 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def get_current_user(request: Request, session: SessionDep) -> User:
+async def get_current_user(request: Request, session: SessionDep) -> User:
+    secret = _bearer(request)
+    if secret is not None and (user := auth_service.recent_user(secret)) is not None:
+        return user  # no query, no thread
+    return await run_in_threadpool(_authenticate, request, session, secret)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise _unauthorized("Authorization header must be 'Bearer <token>'")
+    return secret.strip()
+
+
+def _authenticate(request: Request, session: Session, secret: str | None) -> User:
     try:
-        return _authenticate(request, session)
+        return _user_of(request, session, secret)
     finally:
         release(session)
 
 
-def _authenticate(request: Request, session: Session) -> User:
-    header = request.headers.get("authorization")
-    if header:
-        scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            raise _unauthorized("Authorization header must be 'Bearer <token>'")
-        user = auth_service.user_for_token(session, secret.strip())
+def _user_of(request: Request, session: Session, secret: str | None) -> User:
+    if secret is not None:
+        user = auth_service.user_for_token(session, secret)
         if user is None:
             raise _unauthorized("invalid or revoked API token")
         return user

@@ -100,6 +100,13 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     # Another one, stopped: its process ends and its port is free again.
     second = deploy(server, api, artifact)
     assert second["status"] == "ready", second["error"]
+    # The gateway still remembers the dead one (for the whole session here): it finds the new one at once.
+    reply = gateway.chat.completions.create(
+        model=artifact["name"], messages=[{"role": "user", "content": "still there?"}], max_tokens=3
+    )
+    assert reply.usage.completion_tokens >= 1
+    samples = api.get(f"/api/v1/endpoints/{second['id']}/samples").json()
+    assert [s["status_code"] for s in samples if s["source"] == "gateway"] == [200]
     proc = model_server(second)
     assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 409  # still serving
     assert api.post(f"/api/v1/endpoints/{second['id']}/stop").json()["status"] == "stopping"
@@ -110,6 +117,10 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     url = urlparse(second["url"])
     with socket.socket() as s:
         assert s.connect_ex((url.hostname, url.port)) != 0, "the port should be closed"
+    serving = [e for e in api.get("/api/v1/endpoints").json()["data"] if e["model"] == artifact["name"]]
+    if not [e for e in serving if e["status"] == "ready"]:  # (other tests may deploy it too)
+        with pytest.raises(NotFoundError, match="not deployed"):
+            gateway.chat.completions.create(model=artifact["name"], messages=[{"role": "user", "content": "hi"}])
     assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 204
     assert api.get(f"/api/v1/endpoints/{second['id']}").status_code == 404
     listed = api.get("/api/v1/endpoints", params={"artifact_id": artifact["id"]}).json()["data"]
