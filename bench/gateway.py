@@ -5,12 +5,13 @@
 
 Starts `tunedeck up` on a fresh data dir (or DIR, where a merged artifact made by an earlier run of
 this script is deployed again instead of training anew), trains the tiny run the tests train (6 steps
-on the demo dataset), waits for its merged artifact, deploys it on the cpu pool, and then, for each concurrency,
-sends rounds of the same requests (random-word prompts, ``ignore_eos``, streamed) alternately straight
-to the model server and through the gateway's ``/v1/completions`` with an API token, measured as
-``vllm bench serve`` measures (worker/benchmarks.run_level). Rounds alternate so that drift of this
-machine hits both alike; a side's p50 TTFT is the median of its rounds' medians, its throughput their
-mean.
+on the demo dataset), waits for its merged artifact and deploys it on the cpu pool. Both paths are
+warmed with the whole load at every concurrency (so no compilation lands in a measured round). Then,
+for each concurrency, rounds of the same requests (random-word prompts, ``ignore_eos``, streamed) go
+alternately straight to the model server and through the gateway's ``/v1/completions`` with an API
+token, measured as ``vllm bench serve`` measures (worker/benchmarks.run_level). Rounds alternate, and
+so does which side goes first, so that drift of this machine hits both alike; a side's p50 TTFT is
+the median of its rounds' medians, its throughput their mean.
 
 Goals: the gateway adds <= 2 ms to p50 TTFT and costs <= 3% of output throughput. The script reports;
 it does not assert.
@@ -140,16 +141,20 @@ def main(argv: list[str] | None = None) -> int:
             "gateway": (base, {"Authorization": f"Bearer {token}"}),
         }
         model = endpoint["model"]
-        for url, headers in sides.values():  # warm both paths
-            asyncio.run(run_level(url, model, prompts[:4], output_len=4, concurrency=4, headers=headers))
+        levels = [int(c) for c in args.concurrency.split(",")]
+        for url, headers in sides.values():  # warm both paths, and the model server at every shape to come
+            for concurrency in levels:
+                asyncio.run(
+                    run_level(url, model, prompts, output_len=args.max_tokens, concurrency=concurrency, headers=headers)
+                )
 
         print(f"{'concurrency':>11} {'side':<8} {'p50 TTFT ms':>11} {'out tok/s':>9}")
         verdicts = []
-        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        for concurrency in levels:
             ttfts = {side: [] for side in sides}
             rates = {side: [] for side in sides}
-            for _ in range(args.rounds):
-                for side, (url, headers) in sides.items():
+            for round_ in range(args.rounds):
+                for side, (url, headers) in sorted(sides.items(), reverse=round_ % 2 == 1):  # who goes first alternates
                     level = asyncio.run(
                         run_level(
                             url, model, prompts, output_len=args.max_tokens, concurrency=concurrency, headers=headers

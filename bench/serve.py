@@ -4,9 +4,9 @@
 
 Starts `python -m worker.serve` on the tiny model (made on the fly unless --model is given), then for
 each concurrency sends that many streams at a time (``--requests`` in all, random-word prompts,
-``max_tokens`` each, ``ignore_eos``-like: a sampled reply rarely ends early on the random model) and
-reports output tokens/s, and the mean TTFT the client saw (send -> first chunk with text, as
-``vllm bench serve`` counts it) against the mean of the server's
+``max_tokens`` each with ``ignore_eos``) through Tunedeck's benchmark client
+(worker/benchmarks.run_level), and reports output tokens/s, and the mean TTFT the client saw (send ->
+first chunk with text, as ``vllm bench serve`` counts it) against the mean of the server's
 ``vllm:time_to_first_token_seconds`` over the same requests (sum/count difference of the histogram).
 
 Goals: output tokens/s grows with concurrency (1 < 4 < 16); server and client TTFT agree within 5 ms.
@@ -31,6 +31,8 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from worker.benchmarks import run_level  # noqa: E402
+
 WORDS = "the a model token cache batch stream river mountain light quick brown fox jumps over lazy dog".split()
 GOAL_TTFT_AGREEMENT_S = 0.005
 
@@ -45,54 +47,21 @@ def ttft_metric(url: str) -> tuple[float, float]:
     return values["sum"], values["count"]
 
 
-async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int, seed: int) -> dict:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 1.0,
-        "seed": seed,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    first = None
-    tokens = 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
-                first = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return {"ttft": first, "tokens": tokens, "e2e": time.perf_counter() - start}
-
-
 async def level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict:
     rng = random.Random(concurrency)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40))) for _ in range(requests)]
-    gate = asyncio.Semaphore(concurrency)
+    prompts = [{"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40)))} for _ in range(requests)]
     before = ttft_metric(url)
-
-    async def limited(client, i):
-        async with gate:
-            return await one(client, url, model, prompts[i], max_tokens, seed=i)
-
-    async with httpx.AsyncClient(timeout=300) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(*[limited(client, i) for i in range(requests)])
-        duration = time.perf_counter() - start
+    result = await run_level(url, model, prompts, output_len=max_tokens, concurrency=concurrency)
     after = ttft_metric(url)
-    client_ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
+    if result["failed"]:
+        raise SystemExit(f"{result['failed']} requests failed: {result['errors']}")
     return {
         "concurrency": concurrency,
         "requests": requests,
-        "output_tokens": sum(r["tokens"] for r in results),
-        "duration_s": duration,
-        "output_tokens_per_s": sum(r["tokens"] for r in results) / duration,
-        "client_mean_ttft_s": sum(client_ttfts) / len(client_ttfts),
+        "output_tokens": result["output_tokens"],
+        "duration_s": result["duration_s"],
+        "output_tokens_per_s": result["output_throughput"],
+        "client_mean_ttft_s": result["ttft_ms"]["mean"] / 1000,
         "server_mean_ttft_s": (after[0] - before[0]) / (after[1] - before[1]),
     }
 

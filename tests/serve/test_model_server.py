@@ -96,6 +96,24 @@ def test_openai_sdk_streams_a_chat_reply_with_usage(server):
 
 
 @functools.cache
+def test_time_to_first_token_counts_from_arrival_to_the_first_text_sent(server):
+    """The server's TTFT starts when it sees the request (before reading and parsing it) and ends when
+    the first text has been written: so it lies within what the client measures, sending to reading."""
+    body = {"model": MODEL, "prompt": "the quick brown fox", "max_tokens": 4, "ignore_eos": True, "stream": True}
+    for _ in range(3):
+        total, count = (metric(server, f"vllm:time_to_first_token_seconds_{k}") for k in ("sum", "count"))
+        with httpx.Client(timeout=60) as client:
+            sent = time.perf_counter()
+            first = None
+            with client.stream("POST", f"{server}/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                        first = time.perf_counter() - sent
+        assert metric(server, "vllm:time_to_first_token_seconds_count") == count + 1
+        server_ttft = metric(server, "vllm:time_to_first_token_seconds_sum") - total
+        assert first is not None and 0 < server_ttft <= first, (server_ttft, first)
+
+
 def _reference_forward(model_dir: str, width: int):
     """The model's logits for one right-padded sequence of ``width`` tokens, causal mask, no cache."""
     import jax

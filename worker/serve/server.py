@@ -91,10 +91,22 @@ class Metrics:
         self.model = model
 
 
+class Arrival:
+    """Stamps each request when the server first sees it, before routing, reading and parsing the body:
+    vLLM's "arrival", which its time-to-first-token histogram counts from."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        scope["arrival"] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
 class Generation:
     """One request's tokens, from the engine thread to the event loop, with its timings."""
 
-    def __init__(self, server: Server, prompt_ids: list[int], body: Sampling) -> None:
+    def __init__(self, server: Server, prompt_ids: list[int], body: Sampling, arrival: float) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -112,22 +124,29 @@ class Generation:
             top_p=body.top_p,
             seed=body.seed,
             ignore_eos=body.ignore_eos,
+            arrival=arrival,
         )
-        self.first_at: float | None = None
+        self.first_at: float | None = None  # the first text sent
+        self.first_token_at: float | None = None  # the first token on the event loop
         self.last_at: float | None = None
 
     def _emit(self, token: int | None, finish: str | None) -> None:  # on the engine thread
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (token, finish))
 
     def _timing(self) -> None:
-        """A token reached the response (timed here, on the event loop, as the client will see it)."""
+        """A token reached the event loop."""
         now = time.perf_counter()
-        if self.first_at is None:
-            self.first_at = now
-            self.server.metrics.ttft.observe(now - self.request.arrival)
-        else:
+        if self.last_at is not None:
             self.server.metrics.itl.observe(now - self.last_at)
+        else:
+            self.first_token_at = now
         self.last_at = now
+
+    def first_sent(self) -> None:
+        """The first text is out (handed to the socket, or the whole reply built): time to first token."""
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+            self.server.metrics.ttft.observe(self.first_at - self.request.arrival)
 
     async def deltas(self):
         """The reply's text as it grows. A stop string ends it before the string; text that could be
@@ -169,8 +188,8 @@ class Generation:
         now = time.perf_counter()
         m.generation_tokens.inc(len(self.ids))
         m.e2e.observe(now - self.request.arrival)
-        if len(self.ids) > 1 and self.first_at is not None:
-            m.tpot.observe((self.last_at - self.first_at) / (len(self.ids) - 1))
+        if len(self.ids) > 1:
+            m.tpot.observe((self.last_at - self.first_token_at) / (len(self.ids) - 1))
         if self.finish_reason in ("stop", "length"):
             m.requests.labels(m.model, self.finish_reason).inc()
 
@@ -210,6 +229,7 @@ def _sse(obj: Any) -> bytes:
 
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="Tunedeck model server", docs_url=None, redoc_url=None)
+    app.add_middleware(Arrival)
 
     @app.get("/health")
     def health() -> Response:
@@ -246,9 +266,9 @@ def create_app(server: Server) -> FastAPI:
             return _error(404, f"The model `{body.model}` does not exist.", "model")
         return body
 
-    async def respond(body: Sampling, prompt_ids: list[int], chat: bool) -> Response:
+    async def respond(request: Request, body: Sampling, prompt_ids: list[int], chat: bool) -> Response:
         try:
-            gen = Generation(server, prompt_ids, body)
+            gen = Generation(server, prompt_ids, body, request.scope.get("arrival") or time.perf_counter())
             if len(prompt_ids) + 1 > server.engine.max_model_len:
                 raise ValueError(
                     f"This model's maximum context length is {server.engine.max_model_len} tokens; the prompt has "
@@ -276,6 +296,7 @@ def create_app(server: Server) -> FastAPI:
                     yield _sse({**head, "choices": [choice("", None, first=True)]})
                 async for delta in gen.deltas():
                     yield _sse({**head, "choices": [choice(delta, None)]})
+                    gen.first_sent()  # resumed: the chunk was written
                 yield _sse({**head, "choices": [choice(None, gen.finish_reason)]})
                 if usage:
                     yield _sse({**head, "choices": [], "usage": gen.usage})
@@ -285,6 +306,7 @@ def create_app(server: Server) -> FastAPI:
 
         async for _ in gen.deltas():
             pass
+        gen.first_sent()
         if chat:
             c = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "finish_reason": gen.finish_reason}
         else:
@@ -298,7 +320,7 @@ def create_app(server: Server) -> FastAPI:
         body = await parse(request, ChatRequest)
         if isinstance(body, JSONResponse):
             return body
-        return await respond(body, server.chat_prompt(body.messages), chat=True)
+        return await respond(request, body, server.chat_prompt(body.messages), chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -306,7 +328,7 @@ def create_app(server: Server) -> FastAPI:
         if isinstance(body, JSONResponse):
             return body
         tok = server.engine.tokenizer
-        return await respond(body, [tok.bos_id, *tok.encode(body.prompt)], chat=False)
+        return await respond(request, body, [tok.bos_id, *tok.encode(body.prompt)], chat=False)
 
     return app
 
