@@ -1,8 +1,9 @@
 """Artifact pages: the list, and one artifact live."""
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request
 
 from app.artifacts import service
+from app.core import errors
 from app.core.deps import SessionDep, WebUser
 from app.core.routing import Route
 from app.core.templating import render
@@ -17,7 +18,5 @@ def artifacts_page(request: Request, user: WebUser):
 
 @router.get("/artifacts/{artifact_id}")
 def artifact_page(artifact_id: str, request: Request, session: SessionDep, user: WebUser):
-    artifact = service.get(session, user, artifact_id)
-    if artifact is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} not found")
+    artifact = errors.found(service.get(session, user, artifact_id), "artifact", artifact_id)
     return render(request, "artifacts/detail.html", user, artifact=service.to_public(artifact).model_dump(mode="json"))

@@ -20,10 +20,7 @@ router = APIRouter(route_class=Route, prefix="/api/v1/artifacts", tags=["artifac
 
 
 def _get(session, user, artifact_id: str) -> Artifact:
-    artifact = service.get(session, user, artifact_id)
-    if artifact is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} not found")
-    return artifact
+    return errors.found(service.get(session, user, artifact_id), "artifact", artifact_id)
 
 
 def _fingerprint(a: dict) -> tuple:

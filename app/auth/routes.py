@@ -14,6 +14,7 @@ from app.auth.models import (
     UserPublic,
     UsersPublic,
 )
+from app.core import errors
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route
 
@@ -54,7 +55,4 @@ def create_token(data: ApiTokenCreate, session: SessionDep, user: CurrentUser) -
 
 @router.delete("/tokens/{token_id}", response_model=ApiTokenPublic)
 def revoke_token(token_id: int, session: SessionDep, user: CurrentUser):
-    token = service.revoke_token(session, user, token_id)
-    if token is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
-    return token
+    return errors.found(service.revoke_token(session, user, token_id), "token", token_id)

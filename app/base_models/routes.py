@@ -19,10 +19,7 @@ def list_base_models(session: SessionDep, _: CurrentUser) -> BaseModelsPublic:
 
 @router.get("/{name}", response_model=BaseModelPublic)
 def get_base_model(name: str, session: SessionDep, _: CurrentUser) -> BaseModelPublic:
-    model = service.get(session, name)
-    if model is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"base model {name} not found")
-    return model
+    return errors.found(service.get(session, name), "base model", name)
 
 
 @router.post("", response_model=BaseModelPublic, status_code=status.HTTP_201_CREATED)
@@ -41,6 +38,6 @@ def delete_base_model(name: str, session: SessionDep, _: AdminUser) -> None:
     try:
         service.delete(session, name)
     except LookupError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"base model {name} not found") from exc
+        raise errors.not_found("base model", name) from exc
     except service.BaseModelError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc

@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from app.benchmarks import service
 from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarksPublic
@@ -15,10 +15,7 @@ router = APIRouter(route_class=Route, prefix="/api/v1/benchmarks", tags=["benchm
 
 
 def _get(session, user, benchmark_id: str) -> Benchmark:
-    benchmark = service.get(session, user, benchmark_id)
-    if benchmark is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"benchmark {benchmark_id} not found")
-    return benchmark
+    return errors.found(service.get(session, user, benchmark_id), "benchmark", benchmark_id)
 
 
 @router.post("", response_model=BenchmarkPublic, status_code=status.HTTP_201_CREATED)

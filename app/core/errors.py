@@ -1,6 +1,10 @@
 """The API's error answers, in one shape wherever they come from, and the error services raise."""
 
+from typing import TypeVar
+
 from fastapi import HTTPException, status
+
+T = TypeVar("T")
 
 
 class FieldError(ValueError):
@@ -27,3 +31,14 @@ def unprocessable(message: str, *loc: str | int) -> HTTPException:
 
 def conflict(message: str) -> HTTPException:
     return HTTPException(status.HTTP_409_CONFLICT, message)
+
+
+def not_found(what: str, key: str | int) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {key} not found")
+
+
+def found(row: T | None, what: str, key: str | int) -> T:
+    """The row looked up, or a 404 naming what was not found."""
+    if row is None:
+        raise not_found(what, key)
+    return row

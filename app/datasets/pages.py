@@ -3,6 +3,7 @@
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import RedirectResponse
 
+from app.core import errors
 from app.core.deps import CsrfChecked, SessionDep, WebUser
 from app.core.routing import Route
 from app.core.templating import render
@@ -20,9 +21,7 @@ def datasets_page(request: Request, session: SessionDep, user: WebUser):
 
 @router.get("/datasets/{dataset_id}")
 def dataset_page(dataset_id: str, request: Request, session: SessionDep, user: WebUser):
-    dataset = service.get_dataset(session, user, dataset_id)
-    if dataset is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {dataset_id} not found")
+    dataset = errors.found(service.get_dataset(session, user, dataset_id), "dataset", dataset_id)
     return render(
         request, "datasets/detail.html", user, dataset=DatasetPublic.model_validate(dataset).model_dump(mode="json")
     )
@@ -30,9 +29,7 @@ def dataset_page(dataset_id: str, request: Request, session: SessionDep, user: W
 
 @router.post("/datasets/{dataset_id}/delete", dependencies=[CsrfChecked])
 def delete_dataset(dataset_id: str, request: Request, session: SessionDep, user: WebUser):
-    dataset = service.get_dataset(session, user, dataset_id)
-    if dataset is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {dataset_id} not found")
+    dataset = errors.found(service.get_dataset(session, user, dataset_id), "dataset", dataset_id)
     try:
         service.delete_dataset(session, dataset)
     except service.DatasetInUse as exc:

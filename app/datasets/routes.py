@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse
 
+from app.core import errors
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
@@ -34,10 +35,6 @@ UPLOAD_BODY = {
         },
     }
 }
-
-
-def not_found(dataset_id: str) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, f"dataset {dataset_id} not found")
 
 
 async def receive_dataset(request: Request, user, *, purpose_field: bool = False) -> Dataset:
@@ -117,7 +114,7 @@ def get_dataset(
     """One dataset; with `?watch=true`, a server-sent event stream of it, sent on every change."""
     dataset = service.get_dataset(session, user, dataset_id)
     if dataset is None:
-        raise not_found(dataset_id)
+        raise errors.not_found("dataset", dataset_id)
     if not watch_:
         return dataset
 
@@ -137,7 +134,7 @@ def get_dataset(
 def dataset_content(dataset_id: str, session: SessionDep, user: CurrentUser) -> FileResponse:
     dataset = service.get_dataset(session, user, dataset_id)
     if dataset is None:
-        raise not_found(dataset_id)
+        raise errors.not_found("dataset", dataset_id)
     return FileResponse(service.file_path(dataset), filename=dataset.filename, media_type="application/octet-stream")
 
 
@@ -145,7 +142,7 @@ def dataset_content(dataset_id: str, session: SessionDep, user: CurrentUser) -> 
 def delete_dataset(dataset_id: str, session: SessionDep, user: CurrentUser) -> None:
     dataset = service.get_dataset(session, user, dataset_id)
     if dataset is None:
-        raise not_found(dataset_id)
+        raise errors.not_found("dataset", dataset_id)
     try:
         service.delete_dataset(session, dataset)
     except service.DatasetInUse as exc:

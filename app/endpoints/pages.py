@@ -1,7 +1,8 @@
 """Endpoint pages: the list, and one endpoint live (phase, latency and throughput charts, playground)."""
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request
 
+from app.core import errors
 from app.core.deps import SessionDep, WebUser
 from app.core.routing import Route
 from app.core.templating import render
@@ -17,8 +18,6 @@ def endpoints_page(request: Request, user: WebUser):
 
 @router.get("/endpoints/{endpoint_id}")
 def endpoint_page(endpoint_id: str, request: Request, session: SessionDep, user: WebUser):
-    endpoint = service.get(session, user, endpoint_id)
-    if endpoint is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"endpoint {endpoint_id} not found")
+    endpoint = errors.found(service.get(session, user, endpoint_id), "endpoint", endpoint_id)
     public = service.to_public(session, endpoint).model_dump(mode="json")
     return render(request, "endpoints/detail.html", user, endpoint=public)

@@ -3,7 +3,7 @@
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 
 from app.core import errors
@@ -18,10 +18,7 @@ router = APIRouter(route_class=Route, prefix="/api/v1/endpoints", tags=["endpoin
 
 
 def _get(session, user, endpoint_id: str) -> Endpoint:
-    endpoint = service.get(session, user, endpoint_id)
-    if endpoint is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"endpoint {endpoint_id} not found")
-    return endpoint
+    return errors.found(service.get(session, user, endpoint_id), "endpoint", endpoint_id)
 
 
 def _fingerprint(e: dict) -> tuple:

@@ -16,10 +16,7 @@ router = APIRouter(route_class=Route, prefix="/api/v1/pools", tags=["pools"])
 
 
 def _get(session, name: str) -> Pool:
-    pool = session.get(Pool, name)
-    if pool is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"pool {name} not found")
-    return pool
+    return errors.found(session.get(Pool, name), "pool", name)
 
 
 @router.get("", response_model=PoolsPublic)
@@ -45,10 +42,7 @@ def list_pools(
 
 @router.get("/{name}", response_model=PoolPublic)
 def get_pool(name: str, session: SessionDep, _: CurrentUser) -> PoolPublic:
-    pool = service.get_pool(session, name)
-    if pool is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"pool {name} not found")
-    return pool
+    return errors.found(service.get_pool(session, name), "pool", name)
 
 
 @router.post("", response_model=PoolPublic, status_code=status.HTTP_201_CREATED)

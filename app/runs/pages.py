@@ -1,9 +1,10 @@
 """Run pages: the list, the launch form, one run live, and the compare view."""
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request
 
 from app.base_models import service as base_models
 from app.base_models.presets import HF_TARGET_MODULES
+from app.core import errors
 from app.core.deps import SessionDep, WebUser
 from app.core.routing import Route
 from app.core.templating import render
@@ -48,7 +49,5 @@ def compare_page(request: Request, session: SessionDep, user: WebUser, ids: str 
 
 @router.get("/runs/{run_id}")
 def run_page(run_id: str, request: Request, session: SessionDep, user: WebUser):
-    run = service.get(session, user, run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id} not found")
+    run = errors.found(service.get(session, user, run_id), "run", run_id)
     return render(request, "runs/detail.html", user, run=service.to_public(session, run).model_dump(mode="json"))

@@ -21,15 +21,8 @@ def unprocessable(exc: service.RunInvalid) -> HTTPException:
     return errors.unprocessable(exc.message, *exc.loc)
 
 
-def conflict(exc: service.StateError) -> HTTPException:
-    return HTTPException(status.HTTP_409_CONFLICT, str(exc))
-
-
 def get_or_404(session, user, run_id: str) -> Run:
-    run = service.get(session, user, run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id} not found")
-    return run
+    return errors.found(service.get(session, user, run_id), "run", run_id)
 
 
 @router.post("", response_model=RunPublic, status_code=status.HTTP_201_CREATED)
@@ -142,7 +135,7 @@ def _act(action, run_id: str, session, user) -> RunPublic:
     try:
         return service.to_public(session, action(session, get_or_404(session, user, run_id)))
     except service.StateError as exc:
-        raise conflict(exc) from exc
+        raise errors.conflict(str(exc)) from exc
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic)
