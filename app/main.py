@@ -55,7 +55,7 @@ def create_app() -> FastAPI:
         # so a full collection does not walk it (tens of ms on every gen-2 pass).
         gc.freeze()
         yield
-        await endpoint_gateway.close_upstream()
+        await endpoint_gateway.shutdown()
 
     app = FastAPI(
         title="Tunedeck",

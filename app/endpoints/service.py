@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import insert
 from sqlmodel import Session, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
@@ -124,6 +125,12 @@ def ready_endpoints(session: Session, owner: User) -> list[Endpoint]:
 
 def record_sample(session: Session, endpoint_id: str, source: str, **values) -> None:
     session.add(EndpointSample(endpoint_id=endpoint_id, source=source, **values))
+    session.commit()
+
+
+def record_samples(session: Session, rows: list[dict]) -> None:
+    """Many samples in one insert (each row: every column but ``id``)."""
+    session.execute(insert(EndpointSample), rows)
     session.commit()
 
 

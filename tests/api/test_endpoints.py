@@ -70,8 +70,11 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     )
     usage = chunks[-1].usage
     assert usage.completion_tokens >= 1 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    samples = api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json()
-    (sample,) = [s for s in samples if s["source"] == "gateway"]
+
+    def gateway_samples(endpoint_id):  # written in batches, within half a second of the reply's end
+        return [s for s in api.get(f"/api/v1/endpoints/{endpoint_id}/samples").json() if s["source"] == "gateway"]
+
+    (sample,) = server.wait_for(lambda: gateway_samples(endpoint["id"]), timeout=10, what="the gateway's sample")
     assert sample["status_code"] == 200 and sample["error"] is None
     assert sample["output_tokens"] == usage.completion_tokens and 0 < sample["ttft_s"] <= sample["duration_s"]
 
@@ -105,8 +108,8 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
         model=artifact["name"], messages=[{"role": "user", "content": "still there?"}], max_tokens=3
     )
     assert reply.usage.completion_tokens >= 1
-    samples = api.get(f"/api/v1/endpoints/{second['id']}/samples").json()
-    assert [s["status_code"] for s in samples if s["source"] == "gateway"] == [200]
+    samples = server.wait_for(lambda: gateway_samples(second["id"]), timeout=10, what="the gateway's sample")
+    assert [s["status_code"] for s in samples] == [200]
     proc = model_server(second)
     assert api.delete(f"/api/v1/endpoints/{second['id']}").status_code == 409  # still serving
     assert api.post(f"/api/v1/endpoints/{second['id']}/stop").json()["status"] == "stopping"
