@@ -5,7 +5,8 @@ The engine keeps ``max_num_seqs`` rows of KV cache, decoded one step at a time, 
 each new token handed to its request as it comes (so replies stream). A request that arrives joins at
 the next step: its prompt is prefilled on its own (with the others that arrived with it) and its keys
 and values are copied into a free row, so its first token does not wait for the running replies to
-end. A row that finishes is free at once.
+end. A row that finishes is free at once; when requests come back for freed rows a few at a time
+(through a proxy, say), the engine waits a few milliseconds for the rest of them (JOIN_WAIT_S).
 
 Tunix's Gemma 4 cache writes every row's new token at one shared column (``end_index``). So the rows
 share a column counter ``t`` in a logical space of ``L + M`` columns (``L``: max_model_len; ``M``: a
@@ -34,6 +35,12 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 PROMPT_BUCKET = 64
+# Rows freed since the last join may be asked for again at once (a client's next request): when fewer
+# have come, the engine waits for the rest while they keep coming, JOIN_SETTLE_S apart at most, for
+# JOIN_WAIT_S at most, so that a wave is prefilled in one call rather than in one call per straggler.
+JOIN_SETTLE_S = 0.002
+JOIN_WAIT_S = 0.006
+JOIN_RECENT_S = 0.5  # rows freed longer ago than this are not waited for
 
 
 @dataclasses.dataclass
@@ -86,6 +93,8 @@ class Engine:
         self._waiting: queue.Queue[Request] = queue.Queue()
         self.running = 0  # rows with a live request
         self.steps = 0
+        self._ended = 0  # requests ended since the last join: as many new ones may be on their way
+        self._ended_at = 0.0
 
         def forward(state, tokens, positions, cache, mask):
             return nnx.merge(graphdef, state)(tokens, positions, cache, mask, decode_only_last_token=True)
@@ -180,6 +189,7 @@ class Engine:
                 while any(self._rows):
                     self._decode()
                 group *= 2
+            self._ended = 0
         self._thread.start()
 
     @property
@@ -212,6 +222,16 @@ class Engine:
                         joining.append(self._waiting.get_nowait())
                     except queue.Empty:
                         break
+                recent = time.perf_counter() - self._ended_at < JOIN_RECENT_S
+                expect = min(free, self._ended) if recent else 0
+                if joining and len(joining) < expect:
+                    deadline = time.perf_counter() + JOIN_WAIT_S
+                    while len(joining) < expect and (left := deadline - time.perf_counter()) > 0:
+                        try:
+                            joining.append(self._waiting.get(timeout=min(JOIN_SETTLE_S, left)))
+                        except queue.Empty:
+                            break
+                self._ended = 0 if joining else self._ended
                 if joining:
                     self._admit(joining)
                 if any(self._rows):
@@ -327,6 +347,8 @@ class Engine:
             self._free(slot)
 
     def _free(self, slot: int) -> None:
+        self._ended += 1
+        self._ended_at = time.perf_counter()
         self._rows[slot] = None
         self._valid[slot] = False
         self.running -= 1
