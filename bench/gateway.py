@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.train_overhead import start_tunedeck  # noqa: E402
 from worker.benchmarks import run_level  # noqa: E402
 
 GOAL_TTFT_MS = 2.0
@@ -97,36 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="tunedeck-bench-gateway-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    token = "td_bench_" + os.urandom(8).hex()
-    port = 18000 + random.randrange(1000)
-    env = {
-        **os.environ,
-        "TUNEDECK_DATA_DIR": str(data_dir),
-        "TUNEDECK_ADMIN_TOKEN": token,
-        "TUNEDECK_ADMIN_PASSWORD": "bench-password",
-        "TUNEDECK_PORT": str(port),
-        "TUNEDECK_PROBE_SECONDS": "3600",  # no probes in the measured traffic
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up"],
-        cwd=ROOT,
-        env=env,
-        stdout=open(data_dir / "server.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+    # no probes in the measured traffic
+    server, base, token = start_tunedeck(data_dir, {"TUNEDECK_PROBE_SECONDS": "3600"})
     api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     endpoint = None
     try:
-
-        def healthy():
-            try:
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait("tunedeck up", healthy, timeout=120)
         t0 = time.perf_counter()
         endpoint = deploy(api)
         if endpoint["status"] != "ready":

@@ -149,7 +149,8 @@ def _chunks(rows, n):
 # -- 2. Tunedeck end to end --------------------------------------------------------------------
 
 
-def start_tunedeck(data_dir: Path) -> tuple[subprocess.Popen, str, str]:
+def start_tunedeck(data_dir: Path, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str]:
+    """`tunedeck up` on ``data_dir``, answering: (its process, its base URL, an admin token)."""
     token = "td_bench_" + os.urandom(8).hex()
     port = 19000 + random.randrange(1000)
     env = {
@@ -158,6 +159,7 @@ def start_tunedeck(data_dir: Path) -> tuple[subprocess.Popen, str, str]:
         "TUNEDECK_ADMIN_TOKEN": token,
         "TUNEDECK_ADMIN_PASSWORD": "bench-password",
         "TUNEDECK_PORT": str(port),
+        **(extra_env or {}),
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "up.log", "wb")  # noqa: SIM115 - lives as long as the server
