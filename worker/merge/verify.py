@@ -108,7 +108,9 @@ def verify_merged(
     positions with the same top token), ``tolerance``, ``min_argmax_agreement``, ``passed``, and what
     was compared."""
     from worker.training import models
+    from worker.training.engine import configure_compilation_cache
 
+    configure_compilation_cache()  # the same persistent cache as training: the LoRA set-up compiles once
     started = time.perf_counter()
     base = open_checkpoint(base_dir)
     dtype = weights_dtype(open_checkpoint(merged_dir))
