@@ -11,7 +11,9 @@ for each concurrency, rounds of the same requests (random-word prompts, ``ignore
 alternately straight to the model server and through the gateway's ``/v1/completions`` with an API
 token, measured as ``vllm bench serve`` measures (worker/benchmarks.run_level). Rounds alternate, and
 so does which side goes first, so that drift of this machine hits both alike; a side's p50 TTFT is
-the median of its rounds' medians, its throughput their mean.
+the median of its rounds' medians, its throughput their mean. Each side's CPU time per request is
+reported too, for the web process and the model server: what the gateway costs the machine, which
+on a machine with few cores is throughput the model server loses.
 
 Goals: the gateway adds <= 2 ms to p50 TTFT and costs <= 3% of output throughput. The script reports;
 it does not assert.
@@ -33,6 +35,7 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 
 from bench.train_overhead import start_tunedeck  # noqa: E402
 from worker.benchmarks import run_level  # noqa: E402
@@ -86,6 +89,23 @@ def deploy(api: httpx.Client) -> dict:
     )
 
 
+def processes(up: psutil.Process, endpoint: dict) -> dict[str, psutil.Process]:
+    """The web process under `tunedeck up`, and the endpoint's model server (found by its port)."""
+    port = endpoint["url"].rsplit(":", 1)[1]
+    web = next(p for p in up.children() if " web" in " ".join(p.cmdline()))
+    serve = next(
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "worker.serve" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
+    )
+    return {"web": web, "model server": serve}
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=48, help="requests per round")
@@ -122,13 +142,19 @@ def main(argv: list[str] | None = None) -> int:
                     run_level(url, model, prompts, output_len=args.max_tokens, concurrency=concurrency, headers=headers)
                 )
 
-        print(f"{'concurrency':>11} {'side':<8} {'p50 TTFT ms':>11} {'out tok/s':>9}")
+        procs = processes(psutil.Process(server.pid), endpoint)
+        print(
+            f"{'concurrency':>11} {'side':<8} {'p50 TTFT ms':>11} {'out tok/s':>9}"
+            f" {'web CPU ms/req':>14} {'server CPU ms/req':>17}"
+        )
         verdicts = []
         for concurrency in levels:
             ttfts = {side: [] for side in sides}
             rates = {side: [] for side in sides}
+            cpu = {side: dict.fromkeys(procs, 0.0) for side in sides}
             for round_ in range(args.rounds):
                 for side, (url, headers) in sorted(sides.items(), reverse=round_ % 2 == 1):  # who goes first alternates
+                    before = {name: cpu_s(p) for name, p in procs.items()}
                     level = asyncio.run(
                         run_level(
                             url, model, prompts, output_len=args.max_tokens, concurrency=concurrency, headers=headers
@@ -136,12 +162,19 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if level["failed"]:
                         raise SystemExit(f"{side}: {level['failed']} requests failed: {level['errors']}")
+                    for name, p in procs.items():
+                        cpu[side][name] += cpu_s(p) - before[name]
                     ttfts[side].append(level["ttft_ms"]["median"])
                     rates[side].append(level["output_throughput"])
             p50 = {side: float(np.median(v)) for side, v in ttfts.items()}
             tput = {side: float(np.mean(v)) for side, v in rates.items()}
+            n = args.rounds * len(prompts)
+            per_request = {side: {name: 1000 * v / n for name, v in c.items()} for side, c in cpu.items()}
             for side in sides:
-                print(f"{concurrency:>11} {side:<8} {p50[side]:>11.1f} {tput[side]:>9.1f}")
+                print(
+                    f"{concurrency:>11} {side:<8} {p50[side]:>11.1f} {tput[side]:>9.1f}"
+                    f" {per_request[side]['web']:>14.2f} {per_request[side]['model server']:>17.2f}"
+                )
             added = p50["gateway"] - p50["direct"]
             loss = 1 - tput["gateway"] / tput["direct"]
             ok = added <= GOAL_TTFT_MS and loss <= GOAL_THROUGHPUT_LOSS

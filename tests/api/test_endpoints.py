@@ -12,6 +12,8 @@ import psutil
 import pytest
 from openai import AuthenticationError, NotFoundError, OpenAI
 
+from tests.serve.test_model_server import metric
+
 
 def deploy(server, api, artifact) -> dict:
     r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 256, "max_num_seqs": 4})
@@ -77,6 +79,21 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     (sample,) = server.wait_for(lambda: gateway_samples(endpoint["id"]), timeout=10, what="the gateway's sample")
     assert sample["status_code"] == 200 and sample["error"] is None
     assert sample["output_tokens"] == usage.completion_tokens and 0 < sample["ttft_s"] <= sample["duration_s"]
+
+    # A client that leaves mid-reply: the gateway lets the model server know, which stops generating.
+    generated = metric(endpoint["url"], "vllm:generation_tokens_total")
+    long = 200
+    stream = gateway.chat.completions.create(
+        model=artifact["name"],
+        messages=[{"role": "user", "content": "a long story"}],
+        max_tokens=long,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))
+    stream.close()
+    server.wait_for(lambda: metric(endpoint["url"], "vllm:num_requests_running") == 0, timeout=10, what="the abort")
+    assert metric(endpoint["url"], "vllm:generation_tokens_total") - generated < long / 2
 
     # The prober (every second here) times a small request and scrapes vLLM's metrics.
     def scraped_twice():

@@ -131,6 +131,8 @@ class Generation:
         self.last_at: float | None = None
 
     def _emit(self, token: int | None, finish: str | None) -> None:  # on the engine thread
+        if token is not None:  # counted as generated, as vLLM counts, even if its client has gone
+            self.server.metrics.generation_tokens.inc()
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (token, finish))
 
     def _timing(self) -> None:
@@ -186,7 +188,6 @@ class Generation:
     def _record(self) -> None:
         m = self.server.metrics
         now = time.perf_counter()
-        m.generation_tokens.inc(len(self.ids))
         m.e2e.observe(now - self.request.arrival)
         if len(self.ids) > 1:
             m.tpot.observe((self.last_at - self.first_token_at) / (len(self.ids) - 1))
