@@ -10,7 +10,7 @@ from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
-from app.core.sse import watch
+from app.core.sse import watch_body
 from app.core.uploads import receive_multipart
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetPublic, DatasetsPublic, DatasetStatus, DatasetSummary
@@ -94,13 +94,11 @@ def list_datasets(
 
     if not watch_:
         return page(session)
-
-    def snapshot():
-        with session_scope() as s:
-            listed = page(s).model_dump(mode="json")
-        return [(d["id"], d["status"], d["progress_bytes"]) for d in listed["data"]], listed
-
-    return watch(request, snapshot)
+    return watch_body(
+        request,
+        lambda s: page(s).model_dump(mode="json"),
+        lambda body: [(d["id"], d["status"], d["progress_bytes"]) for d in body["data"]],
+    )
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic)
@@ -118,16 +116,11 @@ def get_dataset(
     if not watch_:
         return dataset
 
-    def snapshot():
-        with session_scope() as s:
-            current = service.get_dataset(s, user, dataset_id)
-            if current is None:
-                return None
-            return (current.updated_at, current.status, current.progress_bytes), DatasetPublic.model_validate(
-                current
-            ).model_dump(mode="json")
+    def load(s):
+        current = service.get_dataset(s, user, dataset_id)
+        return None if current is None else DatasetPublic.model_validate(current).model_dump(mode="json")
 
-    return watch(request, snapshot)
+    return watch_body(request, load, lambda body: body)
 
 
 @router.get("/{dataset_id}/content")
