@@ -36,6 +36,25 @@ def demo_dataset(server) -> dict:
     return dataset
 
 
+def launched_run(client: httpx.Client, dataset: dict) -> str:
+    """The run the acceptance test launched from the form; when that test did not run, one made
+    through the API (and kept for the tests after)."""
+    if "run_id" not in _launched:
+        r = client.post("/api/v1/runs", json={"dataset_id": dataset["id"], "pool": "cpu", "config": TINY})
+        assert r.status_code == 201, r.text
+        _launched["run_id"] = r.json()["id"]
+    return _launched["run_id"]
+
+
+@pytest.fixture
+def tiny_run(server, demo_dataset) -> dict:
+    """The launched run, finished and succeeded."""
+    client = server.client()
+    run = wait_run(server, client, launched_run(client, demo_dataset))
+    assert run["status"] == "succeeded", describe_failure(server, client, run["id"])
+    return run
+
+
 def run_id_from(url: str) -> str:
     m = re.search(r"/runs/(run-[^/?#]+)$", url)
     assert m, f"not a run page: {url}"
@@ -178,11 +197,7 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
 
 def test_compare_view(page: Page, server, demo_dataset):
     client = server.client()
-    first = _launched.get("run_id")
-    if first is None:  # run alone: make the first run through the API
-        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
-        assert r.status_code == 201, r.text
-        first = r.json()["id"]
+    first = launched_run(client, demo_dataset)
     base = client.get(f"/api/v1/runs/{first}").json()
     config = {k: base["config"][k] for k in TINY} | {"learning_rate": base["config"]["learning_rate"] * 3}
     r = client.post(
@@ -269,15 +284,9 @@ def test_bad_config_errors_shown_inline(page: Page, server, demo_dataset):
     assert client.get("/api/v1/runs").json()["count"] == before, "a bad config was launched"
 
 
-def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, demo_dataset):
+def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, tiny_run):
     client = server.client()
-    run_id = _launched.get("run_id")
-    if run_id is None:  # run alone: make the run through the API
-        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
-        assert r.status_code == 201, r.text
-        run_id = r.json()["id"]
-    run = wait_run(server, client, run_id)
-    assert run["status"] == "succeeded", describe_failure(server, client, run_id)
+    run, run_id = tiny_run, tiny_run["id"]
     page.goto(f"/runs/{run_id}")
 
     # The merged model of the final checkpoint, verified against the LoRA model.
@@ -319,15 +328,9 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
     ]
 
 
-def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page: Page, server, demo_dataset):
+def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page: Page, server, tiny_run):
     client = server.client()
-    run_id = _launched.get("run_id")
-    if run_id is None:  # run alone: make the run through the API
-        r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "cpu", "config": TINY})
-        assert r.status_code == 201, r.text
-        run_id = r.json()["id"]
-    run = wait_run(server, client, run_id)
-    assert run["status"] == "succeeded", describe_failure(server, client, run_id)
+    run_id = tiny_run["id"]
 
     def merged():
         arts = client.get("/api/v1/artifacts", params={"run_id": run_id}).json()["data"]
