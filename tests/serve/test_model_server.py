@@ -5,6 +5,7 @@ seeds, stop strings, batched concurrent requests, vLLM's metrics, and clear erro
 import asyncio
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,12 +26,13 @@ def model_dir(tmp_path_factory):
     return create_tiny_gemma4(tmp_path_factory.mktemp("serve") / "tiny")
 
 
-def start_server(model_dir, log, max_num_seqs: int, max_model_len: int):
+def start_server(model_dir, log, max_num_seqs: int, max_model_len: int, stats_every_s: float = 10):
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.serve", "--model", str(model_dir), "--served-model-name", MODEL]
-            + ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)],
+            + ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)]
+            + ["--log-stats-interval", str(stats_every_s)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -184,12 +186,13 @@ def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
 def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_path):
     """Continuous batching: a request that arrives while another decodes joins it at once (its first
     token comes before the other's reply ends), and what each gets is still what the model gives its
-    prompt alone, token for token, also across rebases of the cache's columns (every 32 steps here)."""
+    prompt alone, token for token, also across rebases of the cache's columns (every 32 steps here).
+    Its output says where it serves, then how busy it is while busy."""
     from worker.training.data import ChatTokenizer
 
     tok = ChatTokenizer(model_dir)
     log = tmp_path / "server.log"
-    proc, url = start_server(model_dir, log, 4, 128)
+    proc, url = start_server(model_dir, log, 4, 128, stats_every_s=0.5)
     prompts = ["the quick brown fox", "once upon a time in a land far away", "a", "numbers: one two", "hello"]
     n = 60  # each request starts when the one before has 20 tokens
     started = [asyncio.Event() for _ in prompts]
@@ -220,7 +223,11 @@ def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_pa
         proc.wait(timeout=30)
     for i in range(1, len(prompts)):
         assert replies[i][1] < replies[i - 1][2], f"request {i} waited for request {i - 1} to end"
-    assert "tunedeck: KV cache columns rebased" in log.read_text()
+    output = log.read_text()
+    assert "tunedeck: KV cache columns rebased" in output
+    assert f"tunedeck: serving {MODEL} at {url} (max_num_seqs 4, max_model_len 128)" in output
+    stats = re.findall(r"avg generation throughput: ([\d.]+) tokens/s, running: (\d) reqs, waiting: \d reqs", output)
+    assert any(float(rate) > 0 and int(running) >= 2 for rate, running in stats), output[-2000:]
     for prompt, (text, _, _) in zip(prompts, replies, strict=True):
         expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], n, width=128)
         assert text == tok.decode(expected, skip_special_tokens=True), prompt

@@ -1,12 +1,14 @@
 """The built-in model server: vLLM's HTTP API over ``generate.Engine``.
 
     python -m worker.serve --model DIR --served-model-name NAME [--host H] [--port P]
-                           [--max-num-seqs N] [--max-model-len N]
+                           [--max-num-seqs N] [--max-model-len N] [--log-stats-interval S]
 
 ``/health``, ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
 ``stream_options.include_usage``; the model's chat template; EOS and ``stop``; ``max_tokens``,
 ``temperature``, ``top_p``, ``seed``), and ``/metrics`` with vLLM's metric names, so what probes,
-scrapes and benchmarks a vLLM endpoint works on this one unchanged.
+scrapes and benchmarks a vLLM endpoint works on this one unchanged. Its output, which the endpoint
+page shows, says where it serves once ready, then (as vLLM's does) every few seconds while it is
+busy: prompt and generation throughput, running and waiting requests, KV cache use.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import time
 import uuid
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -89,6 +92,9 @@ class Metrics:
             model
         )
         self.model = model
+
+    def total(self, sample: str) -> float:
+        return self.registry.get_sample_value(sample, {"model_name": self.model}) or 0.0
 
 
 class Arrival:
@@ -228,8 +234,49 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def create_app(server: Server) -> FastAPI:
-    app = FastAPI(title="Tunedeck model server", docs_url=None, redoc_url=None)
+async def log_stats(server: Server, every_s: float) -> None:
+    """A line every ``every_s`` while busy, and one more when it goes idle (vLLM's stats line)."""
+    m, e = server.metrics, server.engine
+
+    def totals() -> tuple[float, float]:
+        return m.total("vllm:prompt_tokens_total"), m.total("vllm:generation_tokens_total")
+
+    last, last_at, busy_before = totals(), time.perf_counter(), False
+    while True:
+        await asyncio.sleep(every_s)
+        now, now_at = totals(), time.perf_counter()
+        prompt, generation = ((b - a) / (now_at - last_at) for a, b in zip(last, now, strict=True))
+        last, last_at = now, now_at
+        busy = bool(prompt or generation or e.running or e.waiting)
+        if busy or busy_before:
+            print(
+                f"tunedeck: avg prompt throughput: {prompt:.1f} tokens/s, avg generation throughput: "
+                f"{generation:.1f} tokens/s, running: {e.running} reqs, waiting: {e.waiting} reqs, "
+                f"KV cache usage: {e.running / e.max_num_seqs:.1%}",
+                flush=True,
+            )
+        busy_before = busy
+
+
+def create_app(server: Server, *, url: str | None = None, stats_every_s: float = 0) -> FastAPI:
+    """The server's app; it prints where it serves (``url``) once listening, and its stats line every
+    ``stats_every_s`` while busy (0: never)."""
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        if url:
+            e = server.engine
+            print(
+                f"tunedeck: serving {server.name} at {url} (max_num_seqs {e.max_num_seqs}, "
+                f"max_model_len {e.max_model_len})",
+                flush=True,
+            )
+        stats = asyncio.ensure_future(log_stats(server, stats_every_s)) if stats_every_s > 0 else None
+        yield
+        if stats is not None:
+            stats.cancel()
+
+    app = FastAPI(title="Tunedeck model server", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(Arrival)
 
     @app.get("/health")
@@ -344,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together at most")
     ap.add_argument("--max-model-len", type=int, default=1024, help="prompt + reply tokens at most")
+    ap.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between stats lines (0: none)")
     args = ap.parse_args(argv)
 
     print("tunedeck-phase: loading", flush=True)
@@ -351,4 +399,5 @@ def main(argv: list[str] | None = None) -> None:
     print("tunedeck-phase: compiling", flush=True)
     engine.start()
     server = Server(engine, args.served_model_name or args.model)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", access_log=False)
+    app = create_app(server, url=f"http://{args.host}:{args.port}", stats_every_s=args.log_stats_interval)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
