@@ -122,7 +122,7 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
         url = _redis_db(os.environ["TUNEDECK_TEST_BROKER_URL"], _next_redis_db())
         _flush_redis(url)
         env["TUNEDECK_BROKER_URL"] = url
-    env.update(extra_env or {})  # a restart passes its first start's database here
+    env.update(extra_env or {})  # a restart passes its first start's database and broker here
     env = {k: v for k, v in env.items() if not (k in ("TUNEDECK_DATABASE_URL", "TUNEDECK_BROKER_URL") and not v)}
     password, token = env["TUNEDECK_ADMIN_PASSWORD"], env["TUNEDECK_ADMIN_TOKEN"]
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,17 @@
 
 import subprocess
 import sys
+import time
 
 import httpx
 
+from tests.api.test_runs_lifecycle import SMALL, demo_dataset, steps_of
 from tests.conftest import ROOT, start_server, stop_server
 
 
-def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_path):
+def test_first_start_prints_login_and_token_and_ctrl_c_hands_the_training_back(tmp_path):
+    """A first start, then Ctrl-C while a run trains: the worker has it checkpoint where it is and stop,
+    so `tunedeck up` stops within seconds and cleanly; the next start resumes the run from that step."""
     srv = start_server(
         tmp_path / "first",
         {"TUNEDECK_ADMIN_PASSWORD": "", "TUNEDECK_ADMIN_TOKEN": "", "TUNEDECK_MAX_UPLOAD_BYTES": "1000"},
@@ -40,10 +44,16 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
         assert r.status_code == 413
         assert api.get("/api/v1/datasets").json()["count"] == 0
         assert not list((srv.data_dir / "storage" / "datasets").rglob("*.part"))
+
+        config = {**SMALL, "max_steps": 1000, "checkpoint_every_steps": 1000}  # no checkpoint of its own
+        run_id = api.post("/api/v1/runs", json={"dataset_id": demo_dataset(srv, api), "config": config}).json()["id"]
+        srv.wait_for(lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] >= 3, timeout=120, what="training")
     finally:
+        ctrl_c = time.monotonic()
         code = stop_server(srv, drop_database=False)
     assert code == 0, srv.log()[-3000:]
     assert "tunedeck: stopped" in srv.log()
+    assert time.monotonic() - ctrl_c < 15, "the worker should hand the run back, not wait out its grace period"
 
     # A second start keeps the data and prints no new secrets.
     again = start_server(
@@ -52,10 +62,27 @@ def test_first_start_prints_login_and_token_then_stops_cleanly_on_ctrl_c(tmp_pat
             "TUNEDECK_ADMIN_PASSWORD": "unused-now",
             "TUNEDECK_ADMIN_TOKEN": srv.admin_token,
             "TUNEDECK_DATABASE_URL": srv.env.get("TUNEDECK_DATABASE_URL", ""),
+            "TUNEDECK_BROKER_URL": srv.env.get("TUNEDECK_BROKER_URL", ""),  # where the run was queued again
         },
     )
     try:
         assert "First start" not in again.log()
+        api = again.client()
+
+        def messages():
+            return [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events").json()["data"]]
+
+        handed = next(m for m in messages() if m.startswith("handed back at step "))
+        step = int(handed.split()[4].rstrip(","))
+        again.wait_for(
+            lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] > step + 2, timeout=120, what="the resumed run"
+        )
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        assert run["status"] == "running" and run["attempts"] == 2, run
+        assert f"resumed from step {step}" in messages()
+        steps = steps_of(api, run_id)
+        assert steps == list(range(1, len(steps) + 1)), "each step once: none twice, none skipped"
+        assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
     finally:
         assert stop_server(again) == 0
 

@@ -105,9 +105,10 @@ class Run(SQLModel, table=True):
     total_steps: int | None = None
     error: str | None = None
     attempts: int = 0
+    lost_attempts: int = 0  # attempts whose worker went silent (killed or lost): a run gives up after a few
     worker: str | None = Field(default=None, max_length=255)
     heartbeat_at: datetime | None = None
-    stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause")
+    stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause | handback")
     fine_tuned_model: str | None = Field(default=None, max_length=128)
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None

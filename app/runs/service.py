@@ -34,7 +34,7 @@ from app.runs.models import (
     RunStatus,
 )
 
-MAX_ATTEMPTS = 3
+MAX_LOST_ATTEMPTS = 3  # a run whose worker goes silent this often (it may be what kills it) gives up
 
 
 @dataclass
@@ -283,8 +283,8 @@ def start(session: Session, run_id: str, worker: str) -> Run | None:
         return None
     if run.status == RunStatus.running and run.worker and utcnow() - run.heartbeat_at < get_settings().stale_after:
         return None  # another worker is on it (a re-queued run has no worker)
-    if run.attempts >= MAX_ATTEMPTS:
-        _finish(session, run, RunStatus.failed, f"gave up after {run.attempts} attempts")
+    if run.lost_attempts >= MAX_LOST_ATTEMPTS:
+        _finish(session, run, RunStatus.failed, f"gave up: its worker was lost {run.lost_attempts} times")
         return None
     lost = run.status == RunStatus.running  # re-queued: the last worker died mid-run
     now = utcnow()
@@ -311,10 +311,16 @@ def is_current(session: Session, run: Run, attempt: int) -> bool:
 
 
 def requeue_stale(session: Session, pool: str) -> list[str]:
-    """Re-queue this pool's running runs whose worker stopped beating (it was killed or lost)."""
+    """Re-queue this pool's running runs whose worker stopped beating (it was killed or lost), and the
+    runs handed back by a worker that was killed before it queued them."""
     cutoff = utcnow() - get_settings().stale_after
     stale = session.exec(
-        select(Run).where(Run.pool == pool, Run.status == RunStatus.running, Run.heartbeat_at < cutoff)
+        select(Run).where(
+            Run.pool == pool,
+            # running, or handed back by a worker killed before it could queue them (it still names it)
+            (Run.status == RunStatus.running) | ((Run.status == RunStatus.queued) & Run.worker.is_not(None)),
+            Run.heartbeat_at < cutoff,
+        )
     ).all()
     for run in stale:
         event(
@@ -323,11 +329,38 @@ def requeue_stale(session: Session, pool: str) -> list[str]:
             f"no heartbeat from {run.worker or 'any worker'} for {get_settings().stale_after.seconds}s: re-queued",
             "warn",
         )
+        run.lost_attempts += run.status == RunStatus.running
         run.worker, run.heartbeat_at = None, utcnow()  # ownerless; re-queued again only after another silence
         session.add(run)
         session.commit()
         queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
     return [r.id for r in stale]
+
+
+def hand_back(session: Session, worker: str) -> list[str]:
+    """The worker is stopping (SIGTERM: a restart, a deploy, a preempted host): each of its running
+    runs is asked to save a checkpoint at the step it is on and stop (``finish(stopped_by="handback")``
+    leaves it queued, still naming the worker); ``requeue_handed_back`` sends their tasks once the worker
+    takes no more, and the next worker of the pool resumes each from its checkpoint."""
+    running = session.exec(
+        select(Run).where(Run.worker == worker, Run.status == RunStatus.running, Run.stop_requested.is_(None))
+    ).all()
+    for run in running:
+        run.stop_requested = "handback"
+        event(session, run, f"{worker} is stopping: saving a checkpoint to hand the run back")
+        session.add(run)
+    session.commit()
+    return [r.id for r in running]
+
+
+def requeue_handed_back(session: Session, worker: str) -> list[str]:
+    """The runs this stopped worker handed back, on their pool's queue again (see ``hand_back``)."""
+    handed = session.exec(select(Run).where(Run.worker == worker, Run.status == RunStatus.queued)).all()
+    for run in handed:
+        run.worker = None
+        session.add(run)
+        _enqueue(session, run)
+    return [r.id for r in handed]
 
 
 def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | None:
@@ -406,6 +439,11 @@ def finish(session: Session, run: Run, *, stopped_by: str | None) -> None:
         session.commit()
     elif stopped_by == "cancel":
         _finish(session, run, RunStatus.cancelled, None)
+    elif stopped_by == "handback":  # queued again by its worker once it has stopped taking tasks
+        run.status, run.stop_requested, run.phase, run.heartbeat_at = RunStatus.queued, None, None, utcnow()
+        event(session, run, f"handed back at step {run.step}, with a checkpoint there")
+        session.add(run)
+        session.commit()
     else:
         run.fine_tuned_model = fine_tuned_model_name(run)
         _finish(session, run, RunStatus.succeeded, None)
