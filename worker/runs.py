@@ -72,6 +72,7 @@ def execute(run_id: str, worker: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
         log_path = out / f"attempt-{attempt}.log"
         child = Standby.take(run_id, attempt, log_path)
+        requested: str | None = None  # the stop asked for (cancel, pause, handback), once asked
         try:
             stop_since: float | None = None
             while child.poll() is None:
@@ -81,17 +82,18 @@ def execute(run_id: str, worker: str) -> None:
                     pass
                 stop = runs.heartbeat(session, run)
                 if stop and stop_since is None:
-                    stop_since = time.monotonic()
+                    stop_since, requested = time.monotonic(), stop
                 if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
                     processes.stop(child, grace_s=2)
                     if runs.is_current(session, run, attempt):
-                        runs.finish(session, run, stopped_by=stop)
+                        runs.finish(session, run, stopped_by=requested)
                     return
             if runs.is_current(session, run, attempt) and run.status == "running":
                 # The process died without recording an outcome.
                 runs.fail(session, run, _crash_reason(child.returncode, log_path))
         finally:
-            Standby.start()
+            if requested != "handback":  # a worker that is stopping needs no training process on standby
+                Standby.start()
 
 
 class Standby:
