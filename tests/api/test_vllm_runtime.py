@@ -317,5 +317,7 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
         "the vLLM container exited with code 137 (out of memory): "
         "ERROR RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in hbm"
     )
-    assert again["Id"] not in docker_engine.containers  # removed, its output kept on the endpoint
+    server.wait_for(  # then removed (the endpoint failed first), its output kept on the endpoint
+        lambda: again["Id"] not in docker_engine.containers, timeout=10, what="the dead container's removal"
+    )
     assert "Ran out of memory in hbm" in api.get(f"/api/v1/endpoints/{ep}/logs").text
