@@ -81,18 +81,21 @@ def test_openai_fine_tuning_jobs(server, api):
     ckpts = server.wait_for(checkpointed, timeout=240, interval=0.5, what="a first checkpoint")
     assert ckpts[0].step_number % 5 == 0 and ckpts[0].fine_tuning_job_id == job.id
 
-    # Pause keeps a checkpoint at the step it stopped; resume continues right after it.
-    client.fine_tuning.jobs.pause(job.id)
-    paused = wait_run(server, api, job.id, done=("paused",), timeout=30)
-    ckpt_steps = [c["step"] for c in api.get(f"/api/v1/runs/{job.id}/checkpoints").json()["data"]]
-    assert paused["step"] == ckpt_steps[-1], (paused["step"], ckpt_steps)
-    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
-    server.wait_for(
-        lambda: api.get(f"/api/v1/runs/{job.id}").json()["step"] > paused["step"] + 2,
-        timeout=240,
-        interval=0.5,
-        what="training to continue after resume",
-    )
+    # Pause keeps a checkpoint at the step it stopped; resume continues right after it. Again and
+    # again: pausing uses up none of the attempts a run has for lost workers.
+    for _ in range(3):
+        client.fine_tuning.jobs.pause(job.id)
+        paused = wait_run(server, api, job.id, done=("paused",), timeout=30)
+        ckpt_steps = [c["step"] for c in api.get(f"/api/v1/runs/{job.id}/checkpoints").json()["data"]]
+        assert paused["step"] == ckpt_steps[-1], (paused["step"], ckpt_steps)
+        assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+        server.wait_for(
+            lambda step=paused["step"]: api.get(f"/api/v1/runs/{job.id}").json()["step"] > step + 2,
+            timeout=240,
+            interval=0.5,
+            what="training to continue after resume",
+        )
+    assert api.get(f"/api/v1/runs/{job.id}").json()["attempts"] == 4
     steps = steps_of(api, job.id)
     assert steps == list(range(1, len(steps) + 1)), "resume continues after the paused step"
 
