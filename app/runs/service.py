@@ -263,7 +263,8 @@ def pause(session: Session, run: Run) -> Run:
 def resume(session: Session, run: Run) -> Run:
     if run.status != RunStatus.paused:
         raise StateError(f"only a paused run can be resumed; run {run.id} is {run.status}")
-    run.status, run.stop_requested = RunStatus.queued, None
+    # on no worker until one takes it (a queued run that names a worker was handed back by it)
+    run.status, run.stop_requested, run.worker = RunStatus.queued, None, None
     session.add(run)
     _enqueue(session, run)
     session.refresh(run)
