@@ -8,7 +8,7 @@ import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
 
@@ -21,6 +21,7 @@ from app.benchmarks import pages as benchmark_pages
 from app.benchmarks import routes as benchmark_routes
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
+from app.core.errors import openai_error
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
 from app.core.templating import render
 from app.datasets import openai_routes as dataset_openai_routes
@@ -37,11 +38,6 @@ from app.runs import routes as run_routes
 from app.web import pages as web_pages
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _openai_error(status_code: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status_code < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code)
 
 
 def create_app() -> FastAPI:
@@ -72,6 +68,7 @@ def create_app() -> FastAPI:
         max_age=14 * 24 * 3600,
     )
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(endpoint_gateway.FastPath)  # outermost: the gateway's relayed chunks skip the others
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
 
     for module in (
@@ -111,7 +108,7 @@ def create_app() -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
         if request.url.path.startswith("/v1/"):
-            response = _openai_error(exc.status_code, str(exc.detail))
+            response = openai_error(exc.status_code, str(exc.detail))
             response.headers.update(exc.headers or {})
             return response
         if _wants_html(request):
@@ -123,7 +120,7 @@ def create_app() -> FastAPI:
         if request.url.path.startswith("/v1/"):
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"][1:])
-            return _openai_error(422, f"{param}: {first['msg']}", param)
+            return openai_error(422, f"{param}: {first['msg']}", param)
         return await request_validation_exception_handler(request, exc)
 
     return app

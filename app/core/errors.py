@@ -3,6 +3,7 @@
 from typing import TypeVar
 
 from fastapi import HTTPException, status
+from fastapi.responses import JSONResponse
 
 T = TypeVar("T")
 
@@ -42,3 +43,9 @@ def found(row: T | None, what: str, key: str | int) -> T:
     if row is None:
         raise not_found(what, key)
     return row
+
+
+def openai_error(status_code: int, message: str, param: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape, for the `/v1` APIs (the OpenAI SDK reads `error.message`)."""
+    kind = "invalid_request_error" if status_code < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code)

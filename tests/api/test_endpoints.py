@@ -73,12 +73,32 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     usage = chunks[-1].usage
     assert usage.completion_tokens >= 1 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
+    # A token the web process has not seen yet goes through the routes (which look it up); once seen,
+    # its requests take the gateway's fast path. Both relay the same, and both are counted.
+    fresh = OpenAI(
+        base_url=f"{server.base_url}/v1", api_key=api.post("/api/v1/tokens", json={"name": "gw"}).json()["token"]
+    )
+    replies = [
+        fresh.completions.create(
+            model=artifact["name"], prompt="one two", max_tokens=3, extra_body={"ignore_eos": True}
+        )
+        for _ in range(2)
+    ]
+    assert [r.usage.completion_tokens for r in replies] == [3, 3]
+    counted = server.anonymous().get("/metrics").text
+    line = 'tunedeck_http_requests_total{method="POST",route="/v1/completions",status="200"} '
+    assert float(counted.split(line, 1)[1].split("\n", 1)[0]) >= 2, "the gateway's requests must be counted"
+
     def gateway_samples(endpoint_id):  # written in batches, within half a second of the reply's end
         return [s for s in api.get(f"/api/v1/endpoints/{endpoint_id}/samples").json() if s["source"] == "gateway"]
 
-    (sample,) = server.wait_for(lambda: gateway_samples(endpoint["id"]), timeout=10, what="the gateway's sample")
-    assert sample["status_code"] == 200 and sample["error"] is None
-    assert sample["output_tokens"] == usage.completion_tokens and 0 < sample["ttft_s"] <= sample["duration_s"]
+    samples = server.wait_for(
+        lambda: (s := gateway_samples(endpoint["id"])) and len(s) == 3 and s, timeout=10, what="the gateway's samples"
+    )
+    assert [s["status_code"] for s in samples] == [200] * 3 and not any(s["error"] for s in samples)
+    chat = min(samples, key=lambda s: s["at"])
+    assert chat["output_tokens"] == usage.completion_tokens and 0 < chat["ttft_s"] <= chat["duration_s"]
+    assert sorted(s["output_tokens"] for s in samples if s is not chat) == [3, 3]
 
     # A client that leaves mid-reply: the gateway lets the model server know, which stops generating.
     generated = metric(endpoint["url"], "vllm:generation_tokens_total")
