@@ -6,6 +6,7 @@ the same suite runs against those: a fresh database is created for the session a
 database is flushed first.
 """
 
+import contextlib
 import os
 import secrets
 import signal
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +168,10 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
     return server
 
 
-def stop_server(server: Server, timeout: float = 30, drop_database: bool = True) -> int:
+def stop_server(server: Server, timeout: float = 30, keep_data: bool = False) -> int:
+    """Ctrl-C on `tunedeck up`; unless its data is kept for a restart, its database dropped and the
+    endpoints it started ended too (they outlive `up` by design, and a test that failed before
+    stopping its own would leave them probing every second)."""
     for c in server._clients:
         c.close()
     if server.proc.poll() is None:
@@ -176,8 +181,14 @@ def stop_server(server: Server, timeout: float = 30, drop_database: bool = True)
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
+    if keep_data:
+        return server.proc.returncode
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("TUNEDECK_DATA_DIR") == str(server.data_dir) and proc.pid != os.getpid():
+                proc.kill()
     url = server.env.get("TUNEDECK_DATABASE_URL")
-    if drop_database and url and url.startswith("postgresql"):
+    if url and url.startswith("postgresql"):
         import sqlalchemy as sa
 
         engine = sa.create_engine(sa.make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")

@@ -50,7 +50,7 @@ def test_first_start_prints_login_and_token_and_ctrl_c_hands_the_training_back(t
         srv.wait_for(lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] >= 3, timeout=120, what="training")
     finally:
         ctrl_c = time.monotonic()
-        code = stop_server(srv, drop_database=False)
+        code = stop_server(srv, keep_data=True)
     assert code == 0, srv.log()[-3000:]
     assert "tunedeck: stopped" in srv.log()
     assert time.monotonic() - ctrl_c < 15, "the worker should hand the run back, not wait out its grace period"
