@@ -26,8 +26,13 @@ run: $(VENV)/.installed  ## Tunedeck on embedded defaults: http://127.0.0.1:8000
 browser:  ## Debian's Chromium, for the browser tests (never a downloaded one)
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
+# Two test processes (pytest-xdist): much of the suite waits on servers, so one process leaves the
+# cores idle. A module's tests stay in one process (loadfile), so its fixtures are built once; each
+# process starts its own session server. TEST_WORKERS=0: the one pytest process.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less broker
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 # The API and CLI tests, which run a real server (web + worker), again on PostgreSQL + Redis. Not
 # again there: the engine, merge, model-server and validator tests (they touch neither), the browser

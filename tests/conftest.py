@@ -6,6 +6,8 @@ the same suite runs against those: a fresh database is created for the session a
 database is flushed first.
 """
 
+import asyncio
+import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -26,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def run_async(coro):
+    """asyncio.run(coro) in a thread of its own: Playwright's sync API keeps an event loop running in
+    this thread once a browser test has run in the process, and asyncio.run refuses to nest."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def free_port() -> int:

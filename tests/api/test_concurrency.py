@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import run_async, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,8 @@ def test_more_requests_than_connections_do_not_stall(one_thread_server):
             return await asyncio.gather(*(c.get(p) for p in paths))
 
     start = time.monotonic()
-    responses = asyncio.run(burst())
+    responses = run_async(burst())
     elapsed = time.monotonic() - start
     assert [r.status_code for r in responses] == [200] * 120
-    assert elapsed < 10, f"120 requests took {elapsed:.1f}s"
+    # Deadlocked requests wait out the pool's 30 s timeout; a busy machine is slow, never that slow.
+    assert elapsed < 25, f"120 requests took {elapsed:.1f}s"

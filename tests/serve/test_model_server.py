@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.conftest import free_port
+from tests.conftest import free_port, run_async
 from worker.training.tiny import create_tiny_gemma4
 
 MODEL = "tiny-chat"
@@ -171,7 +171,7 @@ def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
 
     ttft_before = metric(server, "vllm:time_to_first_token_seconds_count")
     tokens_before = metric(server, "vllm:generation_tokens_total")
-    replies = asyncio.run(all_at_once())
+    replies = run_async(all_at_once())
     for prompt, reply in zip(prompts, replies, strict=True):
         expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], 10)
         stop = next((i for i, t in enumerate(expected) if t in (tok.eos_id, tok.turn_end_id)), len(expected))
@@ -221,7 +221,7 @@ def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_pa
         return [float(rate) for rate in re.findall(pattern, log.read_text())]
 
     try:
-        replies = asyncio.run(overlapping())
+        replies = run_async(overlapping())
         deadline = time.monotonic() + 10  # the stats line that covers the work comes within its interval
         while not any(generation_rates()) and time.monotonic() < deadline:
             time.sleep(0.1)
