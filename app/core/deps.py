@@ -15,6 +15,7 @@ from sqlmodel import Session
 from app.auth import service as auth_service
 from app.auth.models import User
 from app.core.db import get_session, release
+from app.core.security import bearer_secret
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
@@ -48,10 +49,9 @@ def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization")
     if not header:
         return None
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    if (secret := bearer_secret(header)) is None:
         raise _unauthorized("Authorization header must be 'Bearer <token>'")
-    return secret.strip()
+    return secret
 
 
 def _authenticate(request: Request, session: Session, secret: str | None) -> User:

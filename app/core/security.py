@@ -29,5 +29,11 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def bearer_secret(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header's value; None for any other shape."""
+    scheme, _, secret = header.partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" and secret.strip() else None
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(10)}"

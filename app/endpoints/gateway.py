@@ -33,6 +33,7 @@ from app.core.db import session_scope, utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.errors import openai_error
 from app.core.routing import Route
+from app.core.security import bearer_secret
 from app.endpoints import service
 from app.endpoints.models import Endpoint
 
@@ -211,8 +212,8 @@ _PATHS = {"/v1/chat/completions", "/v1/completions"}
 def _token_user(headers: list[tuple[bytes, bytes]]) -> User | None:
     for name, value in headers:
         if name == b"authorization":
-            scheme, _, secret = value.decode("latin-1").partition(" ")
-            return recent_user(secret.strip()) if scheme.lower() == "bearer" and secret.strip() else None
+            secret = bearer_secret(value.decode("latin-1"))
+            return recent_user(secret) if secret else None
     return None
 
 

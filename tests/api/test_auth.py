@@ -30,6 +30,8 @@ def test_every_api_route_rejects_missing_and_bad_tokens(server):
         assert r.headers.get("www-authenticate") == "Bearer"
         bad = anon.request(method, path, headers={"Authorization": "Bearer td_not_a_token"})
         assert bad.status_code == 401, (method, path, bad.status_code)
+        odd = anon.request(method, path, headers={"Authorization": "Basic YWRtaW46eA=="})
+        assert odd.status_code == 401 and "must be 'Bearer <token>'" in odd.text, (method, path, odd.text)
 
 
 def test_openai_routes_answer_in_openai_error_shape(server):
