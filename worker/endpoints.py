@@ -95,7 +95,7 @@ def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str)
     while True:
         reason = server.exit_reason()
         if reason is not None:
-            endpoints.fail(session, endpoint, reason)
+            endpoints.fail(session, endpoint, reason, _tail(server.log()))
             return
         log = None
         if endpoint.status == EndpointStatus.starting or time.monotonic() - logged_at >= LOG_EVERY_S:
@@ -103,7 +103,7 @@ def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str)
         status = endpoints.heartbeat(session, endpoint, None if log is None else _tail(log))
         if status == EndpointStatus.stopping:
             server.stop()
-            endpoints.stopped(session, endpoint)
+            endpoints.stopped(session, endpoint, _tail(server.log()))
             return
         if status not in (EndpointStatus.starting, EndpointStatus.ready):
             return  # failed or stopped from elsewhere

@@ -251,15 +251,19 @@ def heartbeat(session: Session, endpoint: Endpoint, log_tail: str | None = None)
     return EndpointStatus(endpoint.status)
 
 
-def fail(session: Session, endpoint: Endpoint, error: str) -> None:
+def fail(session: Session, endpoint: Endpoint, error: str, log_tail: str | None = None) -> None:
+    """Failed, with the model server's last output when given (so the page shows the lines that led
+    to it as soon as it shows the failure)."""
     session.refresh(endpoint)
     if endpoint.status in ACTIVE:
+        if log_tail is not None:
+            endpoint.log_tail = log_tail
         _set(session, endpoint, EndpointStatus.failed, phase=None, error=error[:2000], stopped_at=utcnow())
 
 
-def stopped(session: Session, endpoint: Endpoint) -> None:
+def stopped(session: Session, endpoint: Endpoint, log_tail: str) -> None:
     session.refresh(endpoint)
-    _set(session, endpoint, EndpointStatus.stopped, phase=None, stopped_at=utcnow())
+    _set(session, endpoint, EndpointStatus.stopped, phase=None, stopped_at=utcnow(), log_tail=log_tail)
 
 
 def fail_stale(session: Session, pool: str) -> list[str]:
