@@ -43,6 +43,29 @@ JOIN_WAIT_S = 0.006
 JOIN_RECENT_S = 0.5  # rows freed longer ago than this are not waited for
 
 
+def sample(logits, keys, counts, temperature, top_p):
+    """The next token of each row: greedy where temperature is 0, else nucleus sampling with the row's
+    key folded with how many tokens it has sampled, so a seed gives the same reply whatever else runs.
+
+    The draw is over token ids, not over the tokens sorted by probability: logits a rounding apart
+    (the same row at another cache column, or beside other rows) could swap places in a sort, and with
+    them the noise each token draws, changing the reply."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.vmap(jax.random.fold_in)(keys, counts)
+    logits = logits[:, -1, :].astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1)
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    order = jnp.argsort(-scaled, axis=-1)
+    probs = jax.nn.softmax(jnp.take_along_axis(scaled, order, axis=-1), axis=-1)
+    # keep the smallest set reaching top_p (all of them at 1: a cumulative sum may round past 1)
+    beyond = (jnp.cumsum(probs, axis=-1) - probs > top_p[:, None]) & (top_p < 1)[:, None]
+    cut = jnp.zeros_like(beyond).at[jnp.arange(order.shape[0])[:, None], order].set(beyond)
+    sampled = jax.vmap(jax.random.categorical)(keys, jnp.where(cut, -jnp.inf, scaled))
+    return jnp.where(temperature > 0, sampled, greedy)
+
+
 @dataclasses.dataclass
 class Request:
     """One generation. ``emit(token_id | None, finish_reason | None)`` is called on the engine thread
@@ -98,22 +121,6 @@ class Engine:
 
         def forward(state, tokens, positions, cache, mask):
             return nnx.merge(graphdef, state)(tokens, positions, cache, mask, decode_only_last_token=True)
-
-        def sample(logits, keys, counts, temperature, top_p):
-            """Per row: greedy where temperature is 0, else nucleus sampling with the row's key folded with
-            how many tokens it has sampled (so a seed gives the same reply whatever else runs)."""
-            keys = jax.vmap(jax.random.fold_in)(keys, counts)
-            logits = logits[:, -1, :].astype(jnp.float32)
-            greedy = jnp.argmax(logits, axis=-1)
-            scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-            order = jnp.argsort(-scaled, axis=-1)
-            sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-            probs = jax.nn.softmax(sorted_logits, axis=-1)
-            cut = jnp.cumsum(probs, axis=-1) - probs > top_p[:, None]  # keep the smallest set reaching top_p
-            sorted_logits = jnp.where(cut, -jnp.inf, sorted_logits)
-            picked = jax.vmap(jax.random.categorical)(keys, sorted_logits)
-            sampled = jnp.take_along_axis(order, picked[:, None], axis=-1)[:, 0]
-            return jnp.where(temperature > 0, sampled, greedy)
 
         def step(state, tokens, positions, cache, mask, keys, counts, temperature, top_p):
             logits, cache = forward(state, tokens, positions, cache, mask)
