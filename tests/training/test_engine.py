@@ -216,7 +216,7 @@ def test_apply_lora(make_spec, tiny_model):
     leaves = jax.tree.leaves(state)
     assert n == sum(x.size for x in leaves) == 13056  # rank 4 (26,112 at rank 8)
     assert all(x.dtype == jnp.float32 for x in leaves)
-    assert model.layers[0].attn.q_einsum.w.value.dtype == jnp.bfloat16  # the base stays bf16
+    assert model.layers[0].attn.q_einsum.w[...].dtype == jnp.bfloat16  # the base stays bf16
     configs = [
         m.config for _, m in nnx.iter_modules(model) if isinstance(getattr(m, "config", None), models.ModelConfig)
     ]

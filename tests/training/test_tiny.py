@@ -177,11 +177,11 @@ def test_loads_through_tunix_and_runs(tiny_model, tmp_path, jax_cache_dir):
     # HF -> Tunix layouts: q_proj (N*H, D) -> q_einsum.w (N, D, H); K=V global layer -> k_einsum.
     t = tensors(tiny_model)
     q = t["model.layers.1.self_attn.q_proj.weight"].reshape(8, 32, 64).transpose(0, 2, 1)
-    assert np.array_equal(np.asarray(model.layers[1].attn.q_einsum.w.value), q)
-    assert model.layers[1].attn.k_einsum.w.value.shape == (2, 64, 32)
-    assert model.layers[0].attn.kv_einsum.w.value.shape == (2, 4, 64, 16)
+    assert np.array_equal(np.asarray(model.layers[1].attn.q_einsum.w[...]), q)
+    assert model.layers[1].attn.k_einsum.w[...].shape == (2, 64, 32)
+    assert model.layers[0].attn.kv_einsum.w[...].shape == (2, 4, 64, 16)
     assert np.array_equal(
-        np.asarray(model.layers[0].mlp.down_proj.kernel.value), t["model.layers.0.mlp.down_proj.weight"].T
+        np.asarray(model.layers[0].mlp.down_proj.kernel[...]), t["model.layers.0.mlp.down_proj.weight"].T
     )
 
     tokens = jnp.asarray(np.random.default_rng(0).integers(6, config.num_embed, (2, 12)), jnp.int32)

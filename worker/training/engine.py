@@ -572,6 +572,8 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
 
     mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp)
     run = _Run(spec, reporter, total_steps, tok.pad_id)
+    # `with mesh:`, deprecated in JAX, not jax.set_mesh: Tunix's trainer reads the mesh from
+    # pxla.thread_resources, which only the former sets (checked on JAX 0.10).
     with mesh:
         t = time.perf_counter()
         model = models.load_base_model(spec.base_model_dir, config, mesh=mesh, dtype=spec.dtype)
