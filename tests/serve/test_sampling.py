@@ -7,7 +7,7 @@ import numpy as np
 
 from worker.serve.generate import sample
 
-ROWS, VOCAB = 4096, 2048
+ROWS, VOCAB = 2048, 256
 
 
 def draw(logits, temperature=1.0, top_p=1.0, seed=0):
@@ -22,12 +22,12 @@ def draw(logits, temperature=1.0, top_p=1.0, seed=0):
 
 def test_logits_a_rounding_apart_draw_the_same_tokens():
     # The same row computed at another cache column, or beside other rows, differs in the last bits.
+    # Logits on a few levels tie often, so the nudge reorders many tokens of equal probability.
     rng = np.random.default_rng(0)
-    logits = (rng.normal(size=(ROWS, VOCAB)) * 2).astype(np.float32)
+    logits = rng.integers(0, 4, size=(ROWS, VOCAB)).astype(np.float32)
     nudged = logits + (rng.normal(size=logits.shape) * 1e-5).astype(np.float32)
-    for top_p in (1.0, 0.9):
-        a, b = draw(logits, top_p=top_p), draw(nudged, top_p=top_p)
-        assert (a != b).sum() == 0, f"top_p={top_p}: {(a != b).sum()} of {ROWS} draws changed"
+    a, b = draw(logits), draw(nudged)
+    assert (a != b).sum() == 0, f"{(a != b).sum()} of {ROWS} draws changed"
 
 
 def test_top_p_keeps_the_nucleus_and_temperature_0_is_greedy():
