@@ -276,7 +276,17 @@ def test_seed_temperature_and_stop(server):
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]
 
-    assert complete(temperature=1.0, seed=3)["text"] == complete(temperature=1.0, seed=3)["text"]
+    alone = complete(temperature=1.0, seed=3, max_tokens=48)["text"]
+    assert complete(temperature=1.0, seed=3, max_tokens=48)["text"] == alone
+
+    async def beside_others():  # the seeded request in another row, decoded with other rows
+        async with httpx.AsyncClient(base_url=server, timeout=60) as client:
+            bodies = [{"model": MODEL, "prompt": f"other {i}:", "max_tokens": 24 + 8 * i} for i in range(4)]
+            bodies.insert(2, {"model": MODEL, "prompt": "numbers:", "max_tokens": 48, "temperature": 1.0, "seed": 3})
+            replies = await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
+            return replies[2].json()["choices"][0]["text"]
+
+    assert run_async(beside_others()) == alone
     samples = {complete(temperature=1.0, seed=s)["text"] for s in range(4)}
     assert len(samples) > 1, "different seeds should sample different replies"
 
