@@ -77,6 +77,7 @@ def bare(args) -> dict:
     from tunix.sft import hooks, peft_trainer
 
     from app.datasets.demo import demo_dataset_jsonl
+    from worker.chat import ChatFormat
     from worker.training import data, engine, models
     from worker.training.tiny import create_tiny_gemma4
 
@@ -85,7 +86,7 @@ def bare(args) -> dict:
     model_dir = create_tiny_gemma4(tmp / "tiny-gemma4")
     dataset = tmp / "demo.jsonl"
     dataset.write_bytes(demo_dataset_jsonl())
-    tok = data.ChatTokenizer(model_dir)
+    tok = ChatFormat(model_dir)
     examples = data.tokenize_file(
         tok, dataset, dataset.name, file_type="jsonl", fmt="chat", max_seq_len=args.seq, assistant_only_loss=True
     )

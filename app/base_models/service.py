@@ -22,6 +22,7 @@ from app.runs.models import Run
 
 BUILTIN_SOURCE = "data dir: models/{name}"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers writes a checkpoint's template since 4.5x
 
 
 class BaseModelError(ValueError):
@@ -85,6 +86,27 @@ def _config_mismatches(config: dict, arch: Architecture) -> list[str]:
         "vocab_size": arch.vocab_size,
     }
     return [f"{k} is {text.get(k)!r}, the preset has {v}" for k, v in expected.items() if text.get(k) != v]
+
+
+def read_chat_template(source: str) -> str | None:
+    """A checkpoint's chat template, where transformers reads it: ``chat_template.jinja``, else
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or named templates: the ``default`` one).
+    None when it has none. ``source``: a local directory or an fsspec URL."""
+    fs, root = fsspec.core.url_to_fs(source)
+    path = posixpath.join(root, CHAT_TEMPLATE_FILE)
+    if fs.isfile(path):
+        with fs.open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    path = posixpath.join(root, "tokenizer_config.json")
+    if not fs.isfile(path):
+        return None
+    with fs.open(path, "r", encoding="utf-8") as f:
+        template = json.load(f).get("chat_template")
+    if isinstance(template, list):
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
+    return template if isinstance(template, str) and template.strip() else None
 
 
 def check_source(source: str, preset: BaseModel) -> None:

@@ -1006,12 +1006,13 @@ def _conversation(convo: tuple) -> list[dict]:
     return [{"role": role, "content": content} for role, content in convo]
 
 
-def _iter_jsonl(path: str, fmt: str) -> Iterator[list[dict]]:
-    """The valid records of a JSONL file, with the same per-record checks as the validator's slow path."""
+def _iter_jsonl(path: str, fmt: str) -> Iterator[tuple[int, list[dict]]]:
+    """The valid records of a JSONL file and their line numbers, with the same per-record checks as the
+    validator's slow path."""
     check = _CHECK[fmt]
     with open(path, "rb", buffering=_CHUNK) as f:
         first = True
-        for line in iter(functools.partial(f.readline, _MAX_LINE), b""):
+        for number, line in enumerate(iter(functools.partial(f.readline, _MAX_LINE), b""), start=1):
             if first and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]
             first = False
@@ -1031,10 +1032,10 @@ def _iter_jsonl(path: str, fmt: str) -> Iterator[list[dict]]:
                 _, convo = check(obj)
             except _RecordError:
                 continue
-            yield _conversation(convo)
+            yield number, _conversation(convo)
 
 
-def _iter_scanned(scan: Callable[[_Accumulator], None], fmt: str | None) -> Iterator[list[dict]]:
+def _iter_scanned(scan: Callable[[_Accumulator], None], fmt: str | None) -> Iterator[tuple[int, list[dict]]]:
     """Run a CSV/Parquet scanner in a thread with an accumulator that hands each valid record's
     conversation over a bounded queue: the scanners' parsing is reused as is, memory stays flat."""
     q: queue.Queue = queue.Queue(maxsize=_ITER_QUEUE)
@@ -1052,7 +1053,7 @@ def _iter_scanned(scan: Callable[[_Accumulator], None], fmt: str | None) -> Iter
 
     class _Sink(_Accumulator):
         def add_valid(self, line: int, packed: int, convo: tuple, key: int | None) -> None:
-            put(_conversation(convo))
+            put((line, _conversation(convo)))
 
         def add_invalid(self, line: int, field_name: str | None, message: str) -> None:
             pass
@@ -1094,7 +1095,19 @@ def iter_conversations(
     file_type: str | None,
     fmt: str | None,
 ) -> Iterator[list[dict]]:
-    """Stream the normalised conversation of every VALID record of a dataset file, in file order.
+    """The conversations of :func:`iter_numbered_conversations`, without their line numbers."""
+    return (messages for _, messages in iter_numbered_conversations(path, filename, file_type=file_type, fmt=fmt))
+
+
+def iter_numbered_conversations(
+    path: str | os.PathLike,
+    filename: str,
+    *,
+    file_type: str | None,
+    fmt: str | None,
+) -> Iterator[tuple[int, list[dict]]]:
+    """Stream the line number (as the validator reports it) and normalised conversation of every VALID
+    record of a dataset file, in file order.
 
     Each item is ``[{"role", "content"}, ...]``, normalised exactly as :func:`validate_file` does:
     chat messages as given (system/user/assistant, extra keys such as ``weight`` dropped);

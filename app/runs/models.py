@@ -43,6 +43,9 @@ class RunConfig(SQLModel):
     max_seq_len: int = Field(default=256, ge=1, le=1_048_576)
     packing: bool = False
     assistant_only_loss: bool = True
+    enable_thinking: bool = Field(
+        default=False, description="render the data with the chat template's thinking switch on (Gemma 4: <|think|>)"
+    )
     seed: int = Field(default=0, ge=0)
     validation_fraction: float = Field(default=0.1, ge=0, lt=1)
     eval_every_steps: int = Field(default=20, ge=1)

@@ -45,11 +45,9 @@ def greedy(model, prompt: list[int], steps: int) -> list[int]:
 
 
 def chat_prompt(model_dir: str, question: str) -> list[int]:
-    from worker.training import data
+    from worker.chat import ChatFormat
 
-    tok = data.ChatTokenizer(model_dir)
-    ids, _ = data.tokenize_conversation(tok, [{"role": "user", "content": question}])
-    return [*ids.tolist(), tok.turn_start_id, *tok.encode("model\n")]
+    return ChatFormat(model_dir).prompt_ids([{"role": "user", "content": question}])
 
 
 def test_f32_merge_computes_what_the_lora_model_computes(lora_run, lora_model, tmp_path):

@@ -152,9 +152,9 @@ def reference_greedy(model_dir, prompt_ids: list[int], n: int, width: int = 64) 
 def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
     """Prompts of different lengths decoded together (left padding, the KV cache, sliding-window and
     global layers) give what the model gives each prompt alone, token for token."""
-    from worker.training.data import ChatTokenizer
+    from worker.chat import ChatFormat
 
-    tok = ChatTokenizer(model_dir)
+    tok = ChatFormat(model_dir)
     prompts = ["the quick brown fox", "a", "once upon a time in a land far away there lived", "hello world"]
 
     async def complete(client, prompt):
@@ -174,7 +174,7 @@ def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
     replies = run_async(all_at_once())
     for prompt, reply in zip(prompts, replies, strict=True):
         expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], 10)
-        stop = next((i for i, t in enumerate(expected) if t in (tok.eos_id, tok.turn_end_id)), len(expected))
+        stop = next((i for i, t in enumerate(expected) if t in tok.stop_ids), len(expected))
         assert reply["choices"][0]["text"] == tok.decode(expected[:stop], skip_special_tokens=True), prompt
         assert reply["usage"]["completion_tokens"] == stop
     assert metric(server, "vllm:time_to_first_token_seconds_count") == ttft_before + len(prompts)
@@ -188,9 +188,9 @@ def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_pa
     token comes before the other's reply ends), and what each gets is still what the model gives its
     prompt alone, token for token, also across rebases of the cache's columns (every 32 steps here).
     Its output says where it serves, then how busy it is while busy."""
-    from worker.training.data import ChatTokenizer
+    from worker.chat import ChatFormat
 
-    tok = ChatTokenizer(model_dir)
+    tok = ChatFormat(model_dir)
     log = tmp_path / "server.log"
     proc, url = start_server(model_dir, log, 4, 128, stats_every_s=0.5)
     prompts = ["the quick brown fox", "once upon a time in a land far away", "a", "numbers: one two", "hello"]
@@ -243,10 +243,10 @@ def test_requests_join_running_ones_and_the_cache_wraps_around(model_dir, tmp_pa
 def test_a_prompt_decodes_as_alone_whatever_the_column_and_row_it_joins_at(model_dir, advance, place):
     """The engine itself: a request that joins after ``advance`` steps of another (so at another shared
     column, across a rebase for 70), in a group, in row ``place``, gets the reference's greedy reply."""
+    from worker.chat import ChatFormat
     from worker.serve import generate
-    from worker.training.data import ChatTokenizer
 
-    tok = ChatTokenizer(model_dir)
+    tok = ChatFormat(model_dir)
     engine = generate.Engine(model_dir, max_num_seqs=4, max_model_len=128)
     engine.start(warm_up=False)
 

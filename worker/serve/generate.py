@@ -92,16 +92,16 @@ class Engine:
         import jax.numpy as jnp
         from flax import nnx
 
+        from worker.chat import ChatFormat
         from worker.merge.merge import open_checkpoint
         from worker.merge.verify import weights_dtype
         from worker.training import models
-        from worker.training.data import ChatTokenizer
         from worker.training.engine import configure_compilation_cache
 
         configure_compilation_cache()  # the same persistent cache as training: a redeploy compiles nothing
         self.model_dir = Path(model_dir)
-        self.tokenizer = ChatTokenizer(self.model_dir)
-        self.stop_ids = {self.tokenizer.eos_id, self.tokenizer.turn_end_id}
+        self.tokenizer = ChatFormat(self.model_dir)
+        self.stop_ids = self.tokenizer.stop_ids  # generation_config.json's eos ids (end of turn too)
         config = models.resolve_config(self.model_dir)
         dtype = dtype or weights_dtype(open_checkpoint(str(self.model_dir)))
         model = models.load_base_model(self.model_dir, config, dtype=dtype)
@@ -191,7 +191,10 @@ class Engine:
         if warm_up:
             group = 1
             while group <= rows:
-                batch = [Request([self.tokenizer.bos_id], 2, lambda token, finish: None) for _ in range(group)]
+                batch = [
+                    Request(self.tokenizer.bos or [self.tokenizer.eos_id], 2, lambda token, finish: None)
+                    for _ in range(group)
+                ]
                 self._admit(batch)
                 while any(self._rows):
                     self._decode()

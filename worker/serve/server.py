@@ -4,8 +4,10 @@
                            [--max-num-seqs N] [--max-model-len N] [--log-stats-interval S]
 
 ``/health``, ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
-``stream_options.include_usage``; the model's chat template; EOS and ``stop``; ``max_tokens``,
-``temperature``, ``top_p``, ``seed``), and ``/metrics`` with vLLM's metric names, so what probes,
+``stream_options.include_usage``; the model's own chat template, with ``chat_template_kwargs`` such as
+``enable_thinking``; the reasoning channel returned apart as ``reasoning_content``, as vLLM's reasoning
+parsers do; every stop id of ``generation_config.json`` and ``stop``; ``max_tokens``, ``temperature``,
+``top_p``, ``seed``), and ``/metrics`` with vLLM's metric names, so what probes,
 scrapes and benchmarks a vLLM endpoint works on this one unchanged. Its output, which the endpoint
 page shows, says where it serves once ready, then (as vLLM's does) every few seconds while it is
 busy: prompt and generation throughput, running and waiting requests, KV cache use.
@@ -26,8 +28,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
+from worker.chat import ChatTemplateError
 from worker.serve import generate
-from worker.training.data import GEMMA, chat_turns
 
 # vLLM's buckets for these histograms
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
@@ -64,6 +66,7 @@ class Sampling(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: e.g. {"enable_thinking": true}
 
 
 class CompletionRequest(Sampling):
@@ -112,14 +115,18 @@ class Arrival:
 class Generation:
     """One request's tokens, from the engine thread to the event loop, with its timings."""
 
-    def __init__(self, server: Server, prompt_ids: list[int], body: Sampling, arrival: float) -> None:
+    def __init__(
+        self, server: Server, prompt_ids: list[int], body: Sampling, arrival: float, *, reasoning: bool = False
+    ) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.stops = body.stops
         self.prompt_tokens = len(prompt_ids)
         self.ids: list[int] = []
-        self.text = ""
+        self.parser = server.engine.tokenizer.reply_parser(reasoning=reasoning)
+        self.text = ""  # the content sent so far
+        self.reasoning = ""  # the reasoning sent so far
         self.finish_reason: str | None = None
         max_tokens = body.max_tokens or server.engine.max_model_len - len(prompt_ids)
         self.request = generate.Request(
@@ -157,8 +164,9 @@ class Generation:
             self.server.metrics.ttft.observe(self.first_at - self.request.arrival)
 
     async def deltas(self):
-        """The reply's text as it grows. A stop string ends it before the string; text that could be
-        the start of a stop string is held back until the next tokens tell (as vLLM does)."""
+        """The reply as it grows: ``("reasoning" | "content", text)`` pieces. A stop string ends the
+        content before the string; text that could be the start of a stop string is held back until the
+        next tokens tell (as vLLM does)."""
         engine = self.server.engine
         hold = max((len(s) for s in self.stops), default=1) - 1
         self.server.metrics.prompt_tokens.inc(self.prompt_tokens)
@@ -173,7 +181,13 @@ class Generation:
                 else:
                     self._timing()
                     self.ids.append(token)
-                    full = engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+                    if self.parser.add(token) == "reasoning":
+                        thought = self.parser.reasoning()
+                        if thought and not thought.endswith("\ufffd") and len(thought) > len(self.reasoning):
+                            delta, self.reasoning = thought[len(self.reasoning) :], thought
+                            yield "reasoning", delta
+                        continue
+                    full = self.parser.content()
                     if full.endswith("\ufffd"):
                         continue  # a character split across tokens: wait for the rest
                     end = len(full) - hold
@@ -185,7 +199,7 @@ class Generation:
                 if end > len(self.text):
                     delta = full[len(self.text) : end]
                     self.text += delta
-                    yield delta
+                    yield "content", delta
         finally:
             if self.finish_reason is None:  # the client went away
                 engine.finish_early(self.request)
@@ -216,13 +230,16 @@ class Server:
         self.metrics = Metrics(served_model_name)
         self.created = int(time.time())
 
-    def chat_prompt(self, messages: list[Message]) -> list[int]:
-        """The chat template (Gemma's turns), ending with the model's turn opened."""
-        tok, f = self.engine.tokenizer, GEMMA
-        ids = [tok.bos_id]
-        for role, content in chat_turns([m.model_dump() for m in messages]):
-            ids += [tok.turn_start_id, *tok.encode(f"{role}\n{content}"), tok.turn_end_id, *tok.encode("\n")]
-        return ids + [tok.turn_start_id, *tok.encode(f"{f.model_role}\n")]
+    def chat_prompt(self, body: ChatRequest) -> list[int]:
+        """The model's chat template over the messages, with the generation prompt (ValueError when the
+        template fails or the model has none)."""
+        chat = self.engine.tokenizer
+        if not chat.has_template:
+            raise ValueError("This model has no chat template; use /v1/completions.")
+        try:
+            return chat.prompt_ids([m.model_dump() for m in body.messages], **(body.chat_template_kwargs or {}))
+        except ChatTemplateError as exc:
+            raise ValueError(f"The chat template failed: {exc}") from exc
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -314,9 +331,15 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
             return _error(404, f"The model `{body.model}` does not exist.", "model")
         return body
 
-    async def respond(request: Request, body: Sampling, prompt_ids: list[int], chat: bool) -> Response:
+    async def respond(request: Request, body: Sampling, chat: bool) -> Response:
+        tok = server.engine.tokenizer
         try:
-            gen = Generation(server, prompt_ids, body, request.scope.get("arrival") or time.perf_counter())
+            if isinstance(body, ChatRequest):
+                prompt_ids = server.chat_prompt(body)
+            else:
+                prompt_ids = [*tok.bos, *tok.encode(body.prompt)]
+            arrival = request.scope.get("arrival") or time.perf_counter()
+            gen = Generation(server, prompt_ids, body, arrival, reasoning=chat)
             if len(prompt_ids) + 1 > server.engine.max_model_len:
                 raise ValueError(
                     f"This model's maximum context length is {server.engine.max_model_len} tokens; the prompt has "
@@ -328,10 +351,13 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
 
-        def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+        def choice(text: str | None, finish: str | None, first: bool = False, kind: str = "content") -> dict:
             if not chat:
                 return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            if first:
+                delta = {"role": "assistant", "content": ""}
+            else:
+                delta = {"reasoning_content" if kind == "reasoning" else "content": text} if text else {}
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
         if body.stream:
@@ -342,8 +368,8 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
                 head = {"id": rid, "object": chunk_obj, "created": created, "model": server.name}
                 if chat:
                     yield _sse({**head, "choices": [choice("", None, first=True)]})
-                async for delta in gen.deltas():
-                    yield _sse({**head, "choices": [choice(delta, None)]})
+                async for kind, delta in gen.deltas():
+                    yield _sse({**head, "choices": [choice(delta, None, kind=kind)]})
                     gen.first_sent()  # resumed: the chunk was written
                 yield _sse({**head, "choices": [choice(None, gen.finish_reason)]})
                 if usage:
@@ -356,7 +382,8 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
             pass
         gen.first_sent()
         if chat:
-            c = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "finish_reason": gen.finish_reason}
+            message = {"role": "assistant", "content": gen.text, "reasoning_content": gen.reasoning or None}
+            c = {"index": 0, "message": message, "finish_reason": gen.finish_reason}
         else:
             c = {"index": 0, "text": gen.text, "logprobs": None, "finish_reason": gen.finish_reason}
         return JSONResponse(
@@ -368,15 +395,14 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
         body = await parse(request, ChatRequest)
         if isinstance(body, JSONResponse):
             return body
-        return await respond(request, body, server.chat_prompt(body.messages), chat=True)
+        return await respond(request, body, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await parse(request, CompletionRequest)
         if isinstance(body, JSONResponse):
             return body
-        tok = server.engine.tokenizer
-        return await respond(request, body, [tok.bos_id, *tok.encode(body.prompt)], chat=False)
+        return await respond(request, body, chat=False)
 
     return app
 

@@ -1,16 +1,11 @@
-"""The data pipeline: dataset file -> Gemma chat format -> tokens + loss mask -> static-shape batches.
+"""The data pipeline: dataset file -> the checkpoint's chat format -> tokens + loss mask -> static-shape batches.
 
-- Records come from :func:`app.datasets.validation.iter_conversations` (valid records only, already
-  normalised to ``[{"role", "content"}, ...]``).
-- Conversations are rendered exactly like Gemma's chat template (see ``tiny.GEMMA_CHAT_TEMPLATE``):
-  ``<bos>``, a system turn folded into the first user turn (``system + "\\n\\n" + user``), turns as
-  ``<start_of_turn>{user|model}\\n{content.strip()}<end_of_turn>\\n``. Turn markers are inserted by
-  id and contents are tokenized with special-token parsing OFF, so text that happens to contain
-  ``<bos>`` or ``<end_of_turn>`` can never forge a marker. The token ids equal those of
-  ``tokenizer.apply_chat_template`` (each stretch between markers is tokenized as one piece).
-- Loss mask (Tunix's convention: ``input_mask[t]`` says token t is a training target): with
-  ``assistant_only_loss`` only the model turns' content tokens and their ``<end_of_turn>`` count;
-  otherwise every token after ``<bos>``. ``text`` records are ``<bos> text <eos>``, all counted.
+- Records come from :func:`app.datasets.validation.iter_numbered_conversations` (valid records only,
+  already normalised to ``[{"role", "content"}, ...]``, with their line numbers).
+- Each record is tokenized by :class:`worker.chat.ChatFormat` with the base model's own chat template
+  (the loss mask from the template too: see that module); ``text`` records are ``<bos> text <eos>``,
+  all counted. A record the template cannot render fails the run with its line and the template's
+  message.
 - Each example is truncated to ``max_seq_len``; examples left with no target token are dropped.
 - Static shapes: ``packing=True`` concatenates whole examples into rows of ``max_seq_len`` (never
   splitting one); ``packing=False`` pads each example to ``max_seq_len``. Pad id fills, mask 0.
@@ -25,131 +20,14 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 
-from app.datasets.validation import iter_conversations
-
-# -- tokenizer ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatFormat:
-    """Gemma's turn markup."""
-
-    turn_start: str = "<start_of_turn>"
-    turn_end: str = "<end_of_turn>"
-    user_role: str = "user"
-    model_role: str = "model"
-
-
-GEMMA = ChatFormat()
-
-
-def _token_name(value) -> str | None:
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
-
-
-class ChatTokenizer:
-    """A ``tokenizer.json`` (HF ``tokenizers``) plus the special ids the chat format needs."""
-
-    def __init__(self, model_dir: str | os.PathLike, chat_format: ChatFormat = GEMMA) -> None:
-        from tokenizers import Tokenizer
-
-        model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{model_dir}: no tokenizer.json")
-        self._tok = Tokenizer.from_file(str(path))
-        self._tok.encode_special_tokens = True  # contents never turn into special tokens
-        config = {}
-        if (model_dir / "tokenizer_config.json").is_file():
-            config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        self.format = chat_format
-
-        def token_id(name: str) -> int:
-            i = self._tok.token_to_id(name)
-            if i is None:
-                raise ValueError(f"{model_dir}: the tokenizer has no {name!r} token (Gemma chat format expected)")
-            return i
-
-        self.pad_id = token_id(_token_name(config.get("pad_token")) or "<pad>")
-        self.eos_id = token_id(_token_name(config.get("eos_token")) or "<eos>")
-        self.bos_id = token_id(_token_name(config.get("bos_token")) or "<bos>")
-        self.turn_start_id = token_id(chat_format.turn_start)
-        self.turn_end_id = token_id(chat_format.turn_end)
-        self.vocab_size = self._tok.get_vocab_size()
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        enc = self._tok.encode(text, add_special_tokens=False)
-        return enc.ids, enc.offsets
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-
-def render_chat(messages: list[dict]) -> str:
-    """The text Gemma's chat template renders for a conversation (for tests and debugging)."""
-    f = GEMMA
-    out = ["<bos>"]
-    for role, content in chat_turns(messages):
-        out.append(f"{f.turn_start}{role}\n{content}{f.turn_end}\n")
-    return "".join(out)
-
-
-def chat_turns(messages: list[dict]) -> list[tuple[str, str]]:
-    """(Gemma role, rendered content) per turn, system folded into the first user turn."""
-    prefix = ""
-    turns = []
-    for i, m in enumerate(messages):
-        role, content = m["role"], m["content"]
-        if role == "system" and i == 0:
-            prefix = content + "\n\n"
-            continue
-        gemma_role = GEMMA.model_role if role == "assistant" else GEMMA.user_role
-        text = content.strip()
-        if prefix and gemma_role == GEMMA.user_role:
-            text, prefix = prefix + text, ""
-        turns.append((gemma_role, text))
-    return turns
-
-
-def tokenize_conversation(
-    tok: ChatTokenizer, messages: list[dict], *, assistant_only_loss: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids int32, loss mask bool) of one normalised record (chat turns or a ``text`` record)."""
-    if len(messages) == 1 and messages[0]["role"] == "text":
-        ids = [tok.bos_id, *tok.encode(messages[0]["content"]), tok.eos_id]
-        mask = [False] + [True] * (len(ids) - 1)
-        return np.asarray(ids, np.int32), np.asarray(mask, bool)
-    ids = [tok.bos_id]
-    mask = [False]
-    newline = tok.encode("\n")
-    for role, content in chat_turns(messages):
-        header = role + "\n"
-        piece, offsets = tok.encode_with_offsets(header + content)
-        target = role == tok.format.model_role or not assistant_only_loss
-        ids.append(tok.turn_start_id)
-        mask.append(not assistant_only_loss)
-        ids += piece
-        # a token is content (a target) when it ends past the "role\n" header
-        mask += [target and end > len(header) if assistant_only_loss else True for _, end in offsets]
-        ids.append(tok.turn_end_id)
-        mask.append(target)
-        ids += newline
-        mask += [not assistant_only_loss] * len(newline)
-    return np.asarray(ids, np.int32), np.asarray(mask, bool)
-
+from app.datasets.validation import iter_numbered_conversations
+from worker.chat import ChatFormat, ChatTemplateError
 
 # -- tokenized datasets ------------------------------------------------------------------------
 
@@ -196,7 +74,7 @@ class TokenizedDataset:
 
 
 def tokenize_file(
-    tok: ChatTokenizer,
+    chat: ChatFormat,
     path: str | os.PathLike,
     filename: str,
     *,
@@ -204,13 +82,19 @@ def tokenize_file(
     fmt: str | None,
     max_seq_len: int,
     assistant_only_loss: bool = True,
+    template_kwargs: dict | None = None,
 ) -> TokenizedDataset:
-    """Tokenize every valid record of a dataset file (streamed), truncating each to ``max_seq_len``."""
+    """Tokenize every valid record of a dataset file (streamed), truncating each to ``max_seq_len``.
+    ``template_kwargs`` go to the chat template (``enable_thinking``). Raises ValueError naming the
+    file and line of a record the template cannot render."""
     examples = []
     records = truncated = dropped = 0
-    for messages in iter_conversations(path, filename, file_type=file_type, fmt=fmt):
+    for line, messages in iter_numbered_conversations(path, filename, file_type=file_type, fmt=fmt):
         records += 1
-        ids, mask = tokenize_conversation(tok, messages, assistant_only_loss=assistant_only_loss)
+        try:
+            ids, mask = chat.tokenize(messages, assistant_only_loss=assistant_only_loss, **(template_kwargs or {}))
+        except ChatTemplateError as exc:
+            raise ValueError(f"{filename} line {line}: the base model's chat template failed: {exc}") from exc
         if len(ids) > max_seq_len:
             truncated += 1
             ids, mask = ids[:max_seq_len], mask[:max_seq_len]

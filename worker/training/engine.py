@@ -52,6 +52,7 @@ from tunix.sft import hooks as tunix_hooks
 from tunix.sft import peft_trainer
 from tunix.utils import mesh as mesh_lib
 
+from worker.chat import ChatFormat
 from worker.training import data, models, perf
 
 PHASES = ("loading", "compiling", "training", "evaluating", "checkpointing")
@@ -99,6 +100,7 @@ class TrainSpec:
     remat: str
     dtype: str
     quantization: str | None
+    enable_thinking: bool = False  # the chat template's switch, for data with thinking (Gemma 4: <|think|>)
 
 
 class Reporter(Protocol):
@@ -505,7 +507,8 @@ class _Run:
 # -- the entry point ---------------------------------------------------------------------------
 
 
-def _load_data(spec: TrainSpec, tok: data.ChatTokenizer, reporter: Reporter):
+def _load_data(spec: TrainSpec, tok: ChatFormat, reporter: Reporter):
+    template_kwargs = {"enable_thinking": True} if spec.enable_thinking else {}
     train_ds = data.tokenize_file(
         tok,
         spec.dataset_path,
@@ -514,6 +517,7 @@ def _load_data(spec: TrainSpec, tok: data.ChatTokenizer, reporter: Reporter):
         fmt=spec.fmt,
         max_seq_len=spec.max_seq_len,
         assistant_only_loss=spec.assistant_only_loss,
+        template_kwargs=template_kwargs,
     )
     reporter.log(f"training file: {train_ds.stats}")
     if spec.validation_path:
@@ -525,6 +529,7 @@ def _load_data(spec: TrainSpec, tok: data.ChatTokenizer, reporter: Reporter):
             fmt=None,
             max_seq_len=spec.max_seq_len,
             assistant_only_loss=spec.assistant_only_loss,
+            template_kwargs=template_kwargs,
         )
         reporter.log(f"validation file: {val_ds.stats}")
     else:
@@ -551,7 +556,9 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
     cache_dir = configure_compilation_cache()
     config = models.resolve_config(spec.base_model_dir, spec.preset)
     check_mesh(config, spec.mesh_fsdp, spec.mesh_tp)
-    tok = data.ChatTokenizer(spec.base_model_dir)
+    tok = ChatFormat(spec.base_model_dir)
+    if tok.bos_id is None:
+        raise ValueError("the base model's tokenizer names no bos_token: training needs one to start each example")
     if tok.vocab_size > config.num_embed:
         raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model only {config.num_embed}")
 
@@ -615,7 +622,7 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
             reporter.log(f"resumed from the checkpoint at step {resumed}")
         trainer.checkpoint_manager = _Checkpoints(trainer.checkpoint_manager, run)
         trainer.with_training_hooks(_Hooks(run))
-        trainer.with_gen_model_input_fn(data.model_inputs_fn(tok.pad_id, tok.bos_id))
+        trainer.with_gen_model_input_fn(data.model_inputs_fn(tok.pad_id, tok.bos[0]))
 
         eval_set = _EvalSet(eval_batches, skip_first_pass=bool(resumed))
         if trainer.train_steps < total_steps:

@@ -1,11 +1,14 @@
 """`tiny-gemma4`: a Gemma 4 shaped base model made locally, in Hugging Face layout.
 
 Nothing can be downloaded here, so the CPU demo, the tests and CI train on this: a real HF
-checkpoint (``config.json`` + ``model.safetensors`` + tokenizer files) with the same structure as
+checkpoint with the file set of Google's ``google/gemma-4-*-it`` repositories (``config.json`` of a
+``Gemma4ForConditionalGeneration`` with a ``text_config``, ``generation_config.json`` whose stop ids
+include end-of-turn, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` naming the
+release's special tokens, ``chat_template.jinja`` in Gemma 4's format) and the same structure as
 Gemma 4 31B (sliding + global layers, GQA, global layers with their own head size, fewer KV heads
 and K = V) at toy size, random weights, and a byte-level BPE tokenizer trained on a small bundled
 English corpus. It loads through Tunix's safetensors loader and, by construction, through
-transformers' ``Gemma4ForCausalLM`` (no missing or unexpected keys).
+transformers' Gemma 4 classes (no missing or unexpected keys).
 
 Only numpy, safetensors and tokenizers are used: no JAX import.
 """
@@ -22,35 +25,88 @@ import numpy as np
 
 from worker.training import corpus
 
-PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
-START_OF_TURN, END_OF_TURN = "<start_of_turn>", "<end_of_turn>"
-SPECIAL_TOKENS = (PAD, EOS, BOS, UNK, START_OF_TURN, END_OF_TURN)  # ids 0..5, in this order
+# Special tokens with the names and roles of Google's Gemma 4 release (its tokenizer_config.json names
+# each one: sot/eot = turn start/end, soc/eoc = channel start/end, ...). The release's ids differ (its
+# vocabulary is 262,144: e.g. <|turn> 105, <turn|> 106); here they are 0..len-1, in this order.
+PAD, EOS, BOS, UNK, MASK = "<pad>", "<eos>", "<bos>", "<unk>", "<mask>"
+TURN_START, TURN_END = "<|turn>", "<turn|>"
+CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
+NAMED_TOKENS = {  # tokenizer_config.json key -> token, as in the release
+    "sot_token": TURN_START,
+    "eot_token": TURN_END,
+    "soc_token": CHANNEL_START,
+    "eoc_token": CHANNEL_END,
+    "think_token": "<|think|>",
+    "escape_token": '<|"|>',
+    "stc_token": "<|tool_call>",
+    "etc_token": "<tool_call|>",
+    "std_token": "<|tool>",
+    "etd_token": "<tool|>",
+    "str_token": "<|tool_response>",
+    "etr_token": "<tool_response|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+}
+VIDEO = "<|video|>"  # the release lists it under extra_special_tokens
+SPECIAL_TOKENS = (PAD, EOS, BOS, UNK, MASK, *NAMED_TOKENS.values(), VIDEO)
 
 TOKENIZER_VOCAB_SIZE = 1280  # BPE target (the corpus supports ~1330 at min_frequency 2); a multiple of 64
 
-# Gemma's chat template (as in Gemma 3): a system turn is folded into the first user turn, the
-# assistant is called "model", contents are trimmed, every turn ends with <end_of_turn> + newline.
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}"
-    "{%- set first_user_prefix = '' -%}"
-    "{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
-    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}"
-    "{{ '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
+# Gemma 4's chat template, written from Google's published format and the structure of the
+# chat_template.jinja shipped in the google/gemma-4-*-it repositories: <bos>; a native system turn
+# (also opened, with <|think|> at its top, when enable_thinking is set); turns as
+# <|turn>{system|user|model}\n{content}<turn|>\n with contents trimmed and earlier thoughts
+# (<|channel>...<channel|>) stripped from model turns; the generation prompt <|turn>model\n.
+# Left out: the release's tool declarations, tool calls/responses and image/audio/video parts (no tiny
+# test uses them). Not confirmed: a later revision of the release's template is reported to add an
+# empty thought channel (<|channel>thought\n<channel|>) to the generation prompt when thinking is off;
+# this one follows the revision whose text could be read.
+GEMMA4_CHAT_TEMPLATE = """\
+{%- macro strip_thinking(text) -%}
+    {%- set ns = namespace(result='') -%}
+    {%- for part in text.split('<channel|>') -%}
+        {%- if '<|channel>' in part -%}
+            {%- set ns.result = ns.result + part.split('<|channel>')[0] -%}
+        {%- else -%}
+            {%- set ns.result = ns.result + part -%}
+        {%- endif -%}
+    {%- endfor -%}
+    {{- ns.result | trim -}}
+{%- endmacro -%}
+
+{%- set loop_messages = messages -%}
+{{ bos_token }}
+{%- if (enable_thinking is defined and enable_thinking) or messages[0]['role'] in ['system', 'developer'] -%}
+    {{- '<|turn>system\n' -}}
+    {%- if enable_thinking is defined and enable_thinking -%}
+        {{- '<|think|>' -}}
+    {%- endif -%}
+    {%- if messages[0]['role'] in ['system', 'developer'] -%}
+        {{- messages[0]['content'] | trim -}}
+        {%- set loop_messages = messages[1:] -%}
+    {%- endif -%}
+    {{- '<turn|>\n' -}}
+{%- endif %}
+
+{%- for message in loop_messages -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{- '<|turn>' + role + '\n' }}
+    {%- if role == 'model' -%}
+        {{- strip_thinking(message['content']) -}}
+    {%- else -%}
+        {{- message['content'] | trim -}}
+    {%- endif -%}
+    {{- '<turn|>\n' -}}
+{%- endfor -%}
+
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\n' -}}
+{%- endif -%}
+"""
 
 # The architecture: Gemma 4 31B's structure at toy size (tp=2 divides every head count).
 TINY_ARCH = {
@@ -165,7 +221,7 @@ def _random_weights(config: dict, seed: int, dtype: str) -> dict[str, np.ndarray
 
 def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB_SIZE):
     """A byte-level BPE (``tokenizers.Tokenizer``) trained on the bundled corpus; special tokens
-    get ids 0..5 in SPECIAL_TOKENS order; encoding adds <bos> like Gemma's tokenizer."""
+    get ids 0.. in SPECIAL_TOKENS order; encoding adds <bos> like Gemma's tokenizer."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -192,72 +248,65 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def write_tokenizer_files(dest: Path, tok) -> None:
-    """tokenizer.json, tokenizer_config.json (with Gemma's chat template), special_tokens_map.json."""
+    """The release's tokenizer files: tokenizer.json, tokenizer_config.json (its keys: the named special
+    tokens, no template) and chat_template.jinja. The release ships no special_tokens_map.json
+    (transformers 5 no longer writes one); nor does this."""
     tok.save(str(dest / "tokenizer.json"))
-    added = {
-        str(i): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for i, t in enumerate(SPECIAL_TOKENS)
-    }
     _write_json(
         dest / "tokenizer_config.json",
         {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "added_tokens_decoder": added,
+            **NAMED_TOKENS,
+            "backend": "tokenizers",
             "bos_token": BOS,
             "eos_token": EOS,
             "pad_token": PAD,
             "unk_token": UNK,
-            "additional_special_tokens": [START_OF_TURN, END_OF_TURN],
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": 4096,
+            "mask_token": MASK,
+            "extra_special_tokens": [VIDEO],
+            "model_max_length": 1000000000000000019884624838656,
             "padding_side": "left",
-            "chat_template": GEMMA_CHAT_TEMPLATE,
+            # The release names "GemmaTokenizer", a SentencePiece-style BPE with byte fallback that
+            # transformers rebuilds around its vocabulary; this tokenizer is a byte-level BPE trained on
+            # the bundled corpus (so the demo's words are single tokens), read from tokenizer.json as is.
+            "tokenizer_class": "PreTrainedTokenizerFast",
         },
     )
-    _write_json(
-        dest / "special_tokens_map.json",
-        {
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "pad_token": PAD,
-            "unk_token": UNK,
-            "additional_special_tokens": [START_OF_TURN, END_OF_TURN],
-        },
-    )
+    (dest / "chat_template.jinja").write_text(GEMMA4_CHAT_TEMPLATE, encoding="utf-8")
 
 
 def multimodal_config_json(text_config: dict) -> dict:
-    """The same model as a text-only ``Gemma4ForConditionalGeneration`` (the layout of Google's
-    released Gemma 4 checkpoints: tensors under ``model.language_model.``, no vision/audio tower)."""
+    """The same model as a text-only ``Gemma4ForConditionalGeneration``, the layout of Google's released
+    Gemma 4 checkpoints: tensors under ``model.language_model.``, a ``text_config``, the media tokens'
+    ids (here the tiny vocabulary's), no vision or audio tower."""
     keep = ("pad_token_id", "eos_token_id", "bos_token_id", "tie_word_embeddings", "dtype")
+    ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     return {
         "architectures": ["Gemma4ForConditionalGeneration"],
         "model_type": "gemma4",
         "text_config": {k: v for k, v in text_config.items() if k != "architectures"},
         "vision_config": None,
         "audio_config": None,
+        "boi_token_id": ids[NAMED_TOKENS["boi_token"]],
+        "eoi_token_id": ids[NAMED_TOKENS["eoi_token"]],
+        "image_token_id": ids[NAMED_TOKENS["image_token"]],
+        "video_token_id": ids[VIDEO],
+        "boa_token_id": ids[NAMED_TOKENS["boa_token"]],
+        "eoa_token_index": ids[NAMED_TOKENS["eoa_token"]],  # sic: transformers' name
+        "audio_token_id": ids[NAMED_TOKENS["audio_token"]],
         **{k: text_config[k] for k in keep},
     }
 
 
 def create_tiny_gemma4(
-    dest: str | os.PathLike, *, seed: int = 0, dtype: str = "float32", layout: str = "causal_lm"
+    dest: str | os.PathLike, *, seed: int = 0, dtype: str = "float32", layout: str = "multimodal"
 ) -> Path:
     """Write the tiny-gemma4 checkpoint to ``dest`` and return it; if ``dest`` exists, return it unchanged.
 
-    ``layout="causal_lm"`` (default): ``Gemma4ForCausalLM``, ``model_type`` ``gemma4_text``, tensors
-    named ``model.*``. ``layout="multimodal"``: the same weights as a text-only
-    ``Gemma4ForConditionalGeneration`` (``model_type`` ``gemma4`` with a ``text_config``, tensors named
-    ``model.language_model.*``), the layout of Google's own Gemma 4 checkpoints.
+    ``layout="multimodal"`` (default): the file set and layout of Google's own Gemma 4 ``-it`` checkpoints,
+    a text-only ``Gemma4ForConditionalGeneration`` (``model_type`` ``gemma4`` with a ``text_config``,
+    tensors named ``model.language_model.*``). ``layout="causal_lm"``: the same weights as
+    ``Gemma4ForCausalLM`` (``model_type`` ``gemma4_text``, tensors named ``model.*``), as a text-only
+    fine-tune saved by transformers is laid out.
 
     Everything is written into a temporary directory beside ``dest`` and renamed at the end, so a
     crash leaves nothing half-made (only a ``.<name>.tmp-*`` directory, which is not ``dest``).
@@ -285,7 +334,8 @@ def create_tiny_gemma4(
             tmp / "generation_config.json",
             {
                 "bos_token_id": SPECIAL_TOKENS.index(BOS),
-                "eos_token_id": [SPECIAL_TOKENS.index(EOS), SPECIAL_TOKENS.index(END_OF_TURN)],
+                # as the release: end of sequence and end of turn both stop generation
+                "eos_token_id": [SPECIAL_TOKENS.index(EOS), SPECIAL_TOKENS.index(TURN_END)],
                 "pad_token_id": SPECIAL_TOKENS.index(PAD),
             },
         )
