@@ -189,15 +189,23 @@ def gemma4_shapes(text_config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_gemma4_release(dest: Path, *, vocab_size: int = 1280, seed: int = 0) -> Path:
+def write_gemma4_release(
+    dest: Path, *, vocab_size: int = 1280, seed: int = 0, end_of_turn_bias: float = 0.0, extra_tokens: tuple = ()
+) -> Path:
     """A text-only Gemma 4 ``-it`` checkpoint with the release's file set, at the tiny-gemma4 preset's
     shape (so it registers under that preset): config.json (Gemma4ForConditionalGeneration +
     text_config), generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
-    chat_template.jinja."""
+    chat_template.jinja. ``end_of_turn_bias`` > 0 makes ``<turn|>`` likely after a few tokens: every
+    embedding gets that much on its first dimension, and ``<turn|>``'s (tied) embedding ten times as
+    much, so its logit rises with that dimension. ``extra_tokens``: added (non-special) tokens, as a
+    tokenizer's own multi-character pieces."""
     from safetensors.numpy import save_file
 
     dest.mkdir(parents=True, exist_ok=True)
-    tok = gemma_style_tokenizer(GEMMA4_SPECIALS, vocab_size)
+    from tokenizers import AddedToken
+
+    tok = gemma_style_tokenizer(GEMMA4_SPECIALS, vocab_size - len(extra_tokens))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_tokens])
     tok.save(str(dest / "tokenizer.json"))
     ids = {t: i for i, t in enumerate(GEMMA4_SPECIALS)}
     _write_json(
@@ -280,6 +288,9 @@ def write_gemma4_release(dest: Path, *, vocab_size: int = 1280, seed: int = 0) -
             weights[name] = np.ones(shape, np.float32)
         else:
             weights[name] = rng.normal(0, 0.15 if "embed" in name else 0.02, shape).astype(np.float32)
+    embed = weights["model.language_model.embed_tokens.weight"]
+    embed[:, 0] += end_of_turn_bias
+    embed[ids["<turn|>"], 0] = 10 * end_of_turn_bias
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest
 
@@ -311,4 +322,46 @@ def write_tokenizer_dir(dest: Path, flavour: str) -> Path:
     tok.save(str(dest / "tokenizer.json"))
     _write_json(dest / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", **config})
     _write_json(dest / "generation_config.json", generation)
+    return dest
+
+
+def write_scripted_gemma4(dest: Path, script: list[str]) -> Path:
+    """A release-laid-out Gemma 4 checkpoint whose greedy reply to any chat prompt is ``script``: each
+    entry one token (a special token's name, or text that is a single token), the last ``<turn|>``.
+
+    The weights make a lookup table of "the next token is a function of this one": every scripted token
+    (and the generation prompt's last token) gets an embedding of its own dimension (other tokens' are
+    zero); attention writes nothing (o_proj = 0); layer 0's MLP maps each token's dimension to its
+    successor's; the post-MLP norm makes that successor dominate the residual, and the tied embedding
+    reads it out. (Tokens must not repeat: one successor each.)"""
+    import json as _json
+
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import Tokenizer
+
+    write_gemma4_release(dest, extra_tokens=("thought\n",))
+    tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
+    chain = [tok.encode("<|turn>model\n", add_special_tokens=False).ids[-1]]
+    for piece in script:
+        ids = tok.encode(piece, add_special_tokens=False).ids
+        assert len(ids) == 1, f"{piece!r} is {len(ids)} tokens"
+        chain += ids
+    assert len(set(chain)) == len(chain) and len(chain) < 64, chain
+    text = _json.loads((dest / "config.json").read_text())["text_config"]
+    weights = {k: np.zeros_like(v) for k, v in load_file(str(dest / "model.safetensors")).items()}
+    p = "model.language_model."
+    for name in weights:
+        if name.endswith("norm.weight") or name.endswith("layer_scalar"):
+            weights[name][...] = 1.0
+    embed, (gate, up, down) = (
+        weights[p + "embed_tokens.weight"],
+        (weights[p + f"layers.0.mlp.{m}_proj.weight"] for m in ("gate", "up", "down")),
+    )
+    assert text["num_hidden_layers"] == 2 and embed.shape[1] == 64
+    for j, token in enumerate(chain):
+        embed[token, j] = 0.1
+        if j + 1 < len(chain):
+            gate[j, j] = up[j, j] = 1.0
+            down[j + 1, j] = 1.0
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest

@@ -18,6 +18,7 @@ from sqlmodel import Session, select
 from app.auth.models import User
 from app.base_models.models import BaseModelPublic, RegisteredModel, RegisteredModelCreate
 from app.base_models.presets import BASE_MODELS, Architecture, BaseModel
+from app.core.config import get_settings
 from app.runs.models import Run
 
 BUILTIN_SOURCE = "data dir: models/{name}"
@@ -107,6 +108,27 @@ def read_chat_template(source: str) -> str | None:
             (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
         )
     return template if isinstance(template, str) and template.strip() else None
+
+
+def check_chat_template(session: Session, name: str) -> None:
+    """Raise BaseModelError('base_model') when the base model's checkpoint has no chat template (so chat
+    data cannot be rendered for it). A preset not on this host yet is not judged (tiny-gemma4 is made
+    with one; a missing checkpoint fails the run where it is read)."""
+    preset, row = resolve(session, name)
+    source = str(get_settings().data_dir / "models" / preset.name) if row is None else row.source
+    try:
+        fs, root = fsspec.core.url_to_fs(source)
+        if not fs.isdir(root):
+            return
+        template = read_chat_template(source)
+    except (OSError, ValueError, ImportError) as exc:
+        raise BaseModelError("base_model", f"cannot read the chat template of {name} ({source}): {exc}") from exc
+    if template is None:
+        raise BaseModelError(
+            "base_model",
+            f"{name} has no chat template (no chat_template.jinja, and no chat_template in tokenizer_config.json): "
+            'it can only train on {"text"} datasets',
+        )
 
 
 def check_source(source: str, preset: BaseModel) -> None:

@@ -40,8 +40,9 @@ from app.endpoints.models import Endpoint
 log = logging.getLogger(__name__)
 router = APIRouter(route_class=Route, prefix="/v1", tags=["openai"])
 
-# A chunk carrying generated text: chat `"content":"x` or completion `"text":"x` (not an empty string).
-_TOKEN = re.compile(rb'"(?:content|text)":\s*"(?!")')
+# A chunk carrying generated text: chat `"content":"x` (or a thought's `"reasoning_content":"x`) or
+# completion `"text":"x` (not an empty string).
+_TOKEN = re.compile(rb'"(?:content|reasoning_content|text)":\s*"(?!")')
 _USAGE_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _routes: dict[tuple[int, str], tuple[float, Endpoint]] = {}  # (user id, model) -> (until, endpoint)
 _client: aiohttp.ClientSession | None = None

@@ -87,6 +87,11 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
     used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
     if data.validation_dataset_id:
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
+    if any(d.format not in (None, "text") for d in used):  # chat records are rendered by the model's template
+        try:
+            base_models.check_chat_template(session, data.base_model)
+        except base_models.BaseModelError as exc:
+            raise RunInvalid((exc.field,), str(exc)) from exc
     cfg = data.config
     if cfg.quantization:
         raise RunInvalid(

@@ -236,11 +236,16 @@
     history.push({ role: "user", content: text });
     bubble("user", text);
     const reply = bubble("assistant", "");
+    // the model's thought (reasoning_content), collapsed above its answer
+    const thought = el("details", { className: "chat-thought", hidden: true });
+    thought.append(el("summary", {}, "Thought"), el("div", { className: "chat-thought-text" }));
+    const answer = el("span", { className: "chat-answer" });
+    reply.append(thought, answer);
     const stats = el("div", { className: "chat-stats" }, "waiting for the first token…");
     $("chat-log").append(stats);
     $("chat-send").disabled = true;
     const started = performance.now();
-    let first = null, last = null, tokens = null, content = "";
+    let first = null, last = null, tokens = null, content = "", reasoning = "";
     try {
       const res = await fetch("/v1/chat/completions", {
         method: "POST",
@@ -250,6 +255,7 @@
           model: endpoint.model, messages: history, stream: true, stream_options: { include_usage: true },
           max_tokens: Number($("max-tokens").value), temperature: Number($("temperature").value),
           top_p: Number($("top-p").value),
+          ...($("thinking").checked ? { chat_template_kwargs: { enable_thinking: true } } : {}),
         }),
       });
       if (!res.ok) {
@@ -271,12 +277,19 @@
           if (!data || data === "[DONE]") continue;
           const chunk = JSON.parse(data);
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
-          const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta && chunk.choices[0].delta.content;
-          if (delta) {
+          const d = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
+          if (d.content || d.reasoning_content) {
             if (first === null) first = performance.now();
             last = performance.now();
-            content += delta;
-            reply.textContent = content;
+          }
+          if (d.reasoning_content) {
+            reasoning += d.reasoning_content;
+            thought.hidden = false;
+            thought.querySelector(".chat-thought-text").textContent = reasoning;
+          }
+          if (d.content) {
+            content += d.content;
+            answer.textContent = content;
           }
         }
       }

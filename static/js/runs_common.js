@@ -195,7 +195,7 @@
   const CONFIG_ORDER = [
     "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "quantization", "learning_rate", "lr_schedule",
     "warmup_steps", "epochs", "max_steps", "batch_size", "grad_accum_steps", "max_seq_len", "packing",
-    "assistant_only_loss", "seed", "validation_fraction", "eval_every_steps", "checkpoint_every_steps",
+    "assistant_only_loss", "enable_thinking", "seed", "validation_fraction", "eval_every_steps", "checkpoint_every_steps",
     "checkpoints_kept", "mesh_fsdp", "mesh_tp", "remat", "dtype",
   ];
 

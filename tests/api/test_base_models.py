@@ -38,7 +38,7 @@ def test_bad_sources_are_refused_naming_the_field(server, api, tiny_copy, tmp_pa
     other = tmp_path / "other-arch"
     shutil.copytree(tiny_copy, other)
     config = json.loads((other / "config.json").read_text())
-    config["num_hidden_layers"] = 3
+    config["text_config"]["num_hidden_layers"] = 3
     (other / "config.json").write_text(json.dumps(config))
     cases = [
         ({"source": "relative/dir"}, "source", "absolute"),
@@ -95,3 +95,19 @@ def test_a_run_trains_from_a_registered_url_copied_once_to_the_host(server, api,
     assert r.status_code == 201, r.text
     assert api.delete("/api/v1/base-models/spare").status_code == 204
     assert "spare" not in names(api)
+
+
+def test_a_base_model_without_a_chat_template_is_refused_for_chat_data(server, api, tiny_copy, tmp_path):
+    bare = tmp_path / "no-template"
+    shutil.copytree(tiny_copy, bare)
+    (bare / "chat_template.jinja").unlink()
+    r = api.post("/api/v1/base-models", json={"name": "no-template", "preset": "tiny-gemma4", "source": str(bare)})
+    assert r.status_code == 201, r.text
+    runs_before = api.get("/api/v1/runs").json()["count"]
+    dataset = demo_dataset(server, api)  # chat records
+    r = api.post("/api/v1/runs", json={"base_model": "no-template", "dataset_id": dataset, "config": {"max_steps": 1}})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"][-1] == "base_model" and "no chat template" in detail["msg"], detail
+    assert api.get("/api/v1/runs").json()["count"] == runs_before  # nothing made, nothing queued
+    assert api.delete("/api/v1/base-models/no-template").status_code == 204

@@ -354,7 +354,7 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     page.click("#chat-send")
     expect(page.locator(".chat-stats")).to_contain_text("TTFT", timeout=60_000)
     expect(page.locator(".chat-stats")).to_contain_text("tokens")
-    expect(page.locator(".chat-assistant")).not_to_have_text("")
+    expect(page.locator(".chat-assistant .chat-answer")).not_to_have_text("")
 
     # The charts fill with the probes' and the playground's requests.
     for chart in ("ttft-chart", "tps-chart"):
