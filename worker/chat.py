@@ -47,6 +47,25 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PLACEHOLDER_BASE = 0x100000  # Supplementary Private Use Area-B: stands in for a content's special-token text
 
 
+# vLLM's reasoning parsers (``--reasoning-parser``) by the channel tokens a tokenizer_config.json names
+VLLM_REASONING_PARSERS = {("<|channel>", "<channel|>"): "gemma4"}
+
+
+def vllm_reasoning_parser(model_dir: str) -> str | None:
+    """The ``--reasoning-parser`` vLLM needs to return a checkpoint's thoughts apart, as the built-in
+    server does (None when the checkpoint names no reasoning channel, or its files cannot be read)."""
+    import fsspec
+
+    try:
+        with fsspec.open(f"{model_dir.rstrip('/')}/tokenizer_config.json", "r", encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return VLLM_REASONING_PARSERS.get((_token_text(config.get("soc_token")), _token_text(config.get("eoc_token"))))
+
+
 class ChatTemplateError(ValueError):
     """The template could not render a conversation; the message is the template's own."""
 

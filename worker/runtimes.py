@@ -23,6 +23,7 @@ from app.core.config import get_settings
 from app.endpoints.models import Endpoint, Runtime
 from app.pools.models import Pool
 from worker import processes
+from worker.chat import vllm_reasoning_parser
 
 STOP_GRACE_S = 20.0
 LOG_BYTES = 64 * 1024  # the tail of a model server's output that is read for phases and shown
@@ -137,6 +138,9 @@ def container_spec(
     args += ["--max-model-len", str(endpoint.settings["max_model_len"])]
     args += ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])]
     args += ["--host", host, "--port", str(port)]
+    parser = vllm_reasoning_parser(base_dir if artifact.kind == ArtifactKind.adapter and base_dir else artifact.path)
+    if parser:  # thoughts come back as reasoning_content, as from the built-in server
+        args += ["--reasoning-parser", parser]
     environment = {
         "HF_HOME": f"{CONTAINER_CACHE}/huggingface",
         "VLLM_XLA_CACHE_PATH": f"{CONTAINER_CACHE}/vllm-xla",

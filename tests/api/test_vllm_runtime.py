@@ -271,6 +271,8 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
         "127.0.0.1",
         "--port",
         port,
+        "--reasoning-parser",  # the artifact's tokenizer names Gemma 4's thought channel
+        "gemma4",
     ]
     host = body["HostConfig"]
     assert host["NetworkMode"] == "host" and host["Privileged"] is True and host["ShmSize"] == 16 * 1024**3
