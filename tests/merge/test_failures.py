@@ -87,6 +87,9 @@ def test_a_failing_merge_cleans_up_and_a_live_merge_is_left_alone(lora_run, tmp_
         os.close(fd)
 
 
+P = "model.language_model."  # the text model's tensors in the release's layout (tiny-gemma4's)
+
+
 def copy_base(src: str, dest: Path, edit=None, config=None) -> Path:
     """A copy of a base checkpoint, its tensors changed by ``edit(tensors)`` or its config by ``config``."""
     shutil.copytree(src, dest)
@@ -94,9 +97,12 @@ def copy_base(src: str, dest: Path, edit=None, config=None) -> Path:
         tensors = load_file(str(dest / "model.safetensors"))
         edit(tensors)
         save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    if config:
+    if config:  # into the text model's config (a text_config, as in the release's layout)
         path = dest / "config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+        whole = json.loads(path.read_text())
+        text = whole.get("text_config", whole)
+        text.update(config)
+        path.write_text(json.dumps(whole))
     return dest
 
 
@@ -123,12 +129,12 @@ def test_bad_inputs_are_clear_errors_and_leave_nothing(lora_run, tmp_path):
     refused(ValueError, "garbage/model.safetensors: not a safetensors file", base_dir=garbage)
 
     def narrow_gate(t):
-        t["model.layers.0.mlp.gate_proj.weight"] = t["model.layers.0.mlp.gate_proj.weight"][:128]
+        t[P + "layers.0.mlp.gate_proj.weight"] = t[P + "layers.0.mlp.gate_proj.weight"][:128]
 
     narrow = copy_base(base, tmp_path / "narrow", edit=narrow_gate)
     refused(
         ValueError,
-        r"layers/0/mlp/gate_proj .* gives a \(256, 64\) delta for model.layers.0.mlp.gate_proj.weight, "
+        r"layers/0/mlp/gate_proj .* gives a \(256, 64\) delta for model.language_model.layers.0.mlp.gate_proj.weight, "
         r"which is \(128, 64\)",
         base_dir=narrow,
     )
@@ -138,10 +144,12 @@ def test_bad_inputs_are_clear_errors_and_leave_nothing(lora_run, tmp_path):
     refused(ValueError, "LoRA module layers/1/attn/k_einsum has no Hugging Face counterpart", base_dir=other)
 
     def int8_q(t):
-        t["model.layers.0.self_attn.q_proj.weight"] = np.zeros((128, 64), np.int8)
+        t[P + "layers.0.self_attn.q_proj.weight"] = np.zeros((128, 64), np.int8)
 
     quantized = copy_base(base, tmp_path / "quantized", edit=int8_q)
-    with pytest.raises(ValueError, match=r"cannot merge LoRA into model.layers.0.self_attn.q_proj.weight \(I8"):
+    with pytest.raises(
+        ValueError, match=r"cannot merge LoRA into model\.language_model\.layers\.0\.self_attn\.q_proj\.weight \(I8"
+    ):
         merge_lora(str(quantized), ckpt, str(outs / "out"), **lora)
 
     (outs / "out").mkdir(parents=True)

@@ -41,7 +41,9 @@ def test_peft_adapter_loads_in_peft_and_computes_the_merge(lora_run, merged, tmp
     assert config["target_modules"] == list(lora_run.targets)
 
     tensors = load_file(str(out / "adapter_model.safetensors"))
-    p0, p1 = "base_model.model.model.layers.0.self_attn.", "base_model.model.model.layers.1.self_attn."
+    # the base's own module paths (tiny-gemma4 has the release's layout: model.language_model.layers...)
+    p0 = "base_model.model.model.language_model.layers.0.self_attn."
+    p1 = "base_model.model.model.language_model.layers.1.self_attn."
     assert tensors[p0 + "q_proj.lora_A.weight"].shape == (8, 64)  # (r, in)
     assert tensors[p0 + "q_proj.lora_B.weight"].shape == (8 * 16, 8)  # (out, r)
     assert tensors[p0 + "o_proj.lora_A.weight"].shape == (8, 8 * 16)  # A (N, H, r) -> (r, N*H)
@@ -68,13 +70,13 @@ def test_peft_adapter_loads_in_peft_and_computes_the_merge(lora_run, merged, tmp
     assert np.abs(got - expected).max() < 1e-4
 
 
-def test_multimodal_base_names_follow_its_module_paths(lora_run, tmp_path):
+def test_a_text_only_base_names_follow_its_module_paths(lora_run, tmp_path):
     from worker.training import tiny
 
-    mm = tiny.create_tiny_gemma4(tmp_path / "mm", layout="multimodal")
-    base = write_sharded(mm, tmp_path / "base", 2, {})
+    causal = tiny.create_tiny_gemma4(tmp_path / "causal", layout="causal_lm")
+    base = write_sharded(causal, tmp_path / "base", 2, {})
     out = tmp_path / "adapter"
-    export_peft(str(base), lora_run.checkpoint, str(out), **lora_run.lora, base_model_name_or_path="google/gemma-4")
+    export_peft(str(base), lora_run.checkpoint, str(out), **lora_run.lora, base_model_name_or_path="my-gemma-4")
     names = set(load_file(str(out / "adapter_model.safetensors")))
-    assert "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight" in names
-    assert all(n.startswith("base_model.model.model.language_model.layers.") for n in names)
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names
+    assert all(n.startswith("base_model.model.model.layers.") for n in names)

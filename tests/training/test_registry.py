@@ -11,7 +11,7 @@ def test_tiny_registry_matches_the_checkpoint_the_worker_makes(tmp_path):
 
     from worker.training.tiny import create_tiny_gemma4
 
-    config = json.loads((create_tiny_gemma4(tmp_path / "tiny") / "config.json").read_text())
+    config = json.loads((create_tiny_gemma4(tmp_path / "tiny") / "config.json").read_text())["text_config"]
     arch = BASE_MODELS["tiny-gemma4"].arch
     assert (arch.num_layers, arch.d_model, arch.ffn_dim) == (
         config["num_hidden_layers"],
