@@ -25,30 +25,32 @@ AUTO_LOGITS_BYTES = 256 * 1024**2
 AUTO_CHUNK_TOKENS = 1024
 
 
+_HIDDEN_CLASSES: dict[type, type] = {}
+
+
+def _returns_hidden(cls: type) -> type:
+    """A subclass of the model's embedder whose ``decode`` hands back its input (the final hidden state)."""
+    if cls not in _HIDDEN_CLASSES:
+        _HIDDEN_CLASSES[cls] = type(cls.__name__, (cls,), {"decode": lambda self, x: x})
+    return _HIDDEN_CLASSES[cls]
+
+
 def hidden_states(model, tokens, positions, attention_mask):
-    """Tunix ``Gemma4.__call__`` (prefill, no cache) up to and including the final norm: (B, T, D)."""
-    x = model.embedder.encode(tokens)
-    per_layer_inputs = None
-    if model.config.per_layer_input_dim > 0:
-        per_layer_inputs = model.embedder.encode_per_layer_input(x, tokens)
-    transient_kvs = {}
-    for i, layer in enumerate(model.layers):
-        shared_idx = model.kv_cache_sharing_patterns[i]
-        kv_shared_cache = None
-        if shared_idx != i:
-            shared_k, shared_v = transient_kvs[f"layer_{shared_idx}"]
-            kv_shared_cache = {"k": shared_k, "v": shared_v}
-        _, x, layer_kvs = layer(
-            x,
-            positions,
-            None,
-            attention_mask,
-            per_layer_input=per_layer_inputs[:, :, i, :] if per_layer_inputs is not None else None,
-            kv_shared_cache=kv_shared_cache,
-        )
-        if i in model.shared_layer_origins:
-            transient_kvs[f"layer_{i}"] = layer_kvs
-    return model.final_norm(x)
+    """The final-norm hidden state (B, T, D) of Tunix's ``Gemma4``, in f32, through the model's own
+    ``__call__``: Qwix applies LoRA by intercepting that call (it swaps in a subclass whose
+    ``__call__`` runs the model under its interceptors), so the layers must run inside it. For the
+    duration of the call the embedder's ``decode`` (the tied output projection) returns its input and
+    the final softcap is off; the caller applies both per chunk."""
+    embedder, config = model.embedder, model.config
+    cls, softcap = type(embedder), config.final_logit_softcap
+    embedder.__class__ = _returns_hidden(cls)
+    config.final_logit_softcap = None
+    try:
+        hidden, _ = model(tokens, positions, None, attention_mask)
+    finally:
+        embedder.__class__ = cls
+        config.final_logit_softcap = softcap
+    return hidden
 
 
 def chunked_loss_fn(chunk_tokens: int):
@@ -61,7 +63,7 @@ def chunked_loss_fn(chunk_tokens: int):
         if images is not None:
             raise ValueError("the chunked loss is for text-only training")
         config = model.config
-        h = hidden_states(model, input_tokens, positions, attention_mask)[:, :-1, :]
+        h = hidden_states(model, input_tokens, positions, attention_mask)[:, :-1, :].astype(config.dtype)
         b, t, d = h.shape
         n = b * t
         targets = input_tokens[:, 1:].reshape(n)
