@@ -51,6 +51,9 @@ ACCELERATORS = {
 
 # Measured coefficients (see the module docstring and bench/memory.py).
 LOGITS_BYTES_PER_TOKEN_AND_ENTRY = 20  # default loss: ~5 f32 copies of the logits
+# chunked loss: one chunk's logits and their recomputation in the backward (~3 f32 copies, measured at V = 262,144
+# with 256-token chunks) plus an f32 copy of the tied embedding for the chunk's matmul, counted here
+CHUNK_BYTES_PER_TOKEN_AND_ENTRY = 12
 SCORE_COPIES = 7  # f32 (B, N, T, T) attention scores alive at once in one layer's backward
 # Values kept per layer and token: (x MLP width, x model width, x query width), by remat setting.
 KEPT_PER_LAYER = {"none": (7.0, 12.0, 7.5), "block": (6.0, 12.0, 7.5), "decoder": (7.0, 14.6, 7.7)}
@@ -111,7 +114,7 @@ def step_memory(
     weights = arch.params() * weight_bytes / chips
     if chunk:
         # one chunk's logits, plus the final hidden state and its gradient for every token
-        logits = LOGITS_BYTES_PER_TOKEN_AND_ENTRY * min(chunk, tokens) * arch.vocab_size / tp
+        logits = CHUNK_BYTES_PER_TOKEN_AND_ENTRY * min(chunk, tokens) * arch.vocab_size / tp
         logits += 2 * tokens * arch.d_model * act_bytes
     else:
         logits = LOGITS_BYTES_PER_TOKEN_AND_ENTRY * tokens * arch.vocab_size / tp
