@@ -16,6 +16,8 @@ and the sum of NLLs is divided by ``sum(input_mask[:, 1:]) + 1e-8``.
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 
@@ -25,31 +27,42 @@ AUTO_LOGITS_BYTES = 256 * 1024**2
 AUTO_CHUNK_TOKENS = 1024
 
 
-_HIDDEN_CLASSES: dict[type, type] = {}
+_CAPTURE = threading.local()  # .hidden: a list while hidden_states() runs the model
 
 
-def _returns_hidden(cls: type) -> type:
-    """A subclass of the model's embedder whose ``decode`` hands back its input (the final hidden state)."""
-    if cls not in _HIDDEN_CLASSES:
-        _HIDDEN_CLASSES[cls] = type(cls.__name__, (cls,), {"decode": lambda self, x: x})
-    return _HIDDEN_CLASSES[cls]
+def _install_capture() -> None:
+    """Wrap Tunix's ``Embedder.decode`` (the tied output projection) once: while ``hidden_states``
+    runs the model, it records its input and hands back a (B, T, 1) slice, so the model's
+    f32 cast and softcap touch one column instead of the vocabulary. Outside that, it is untouched."""
+    from tunix.models.gemma4 import model as gemma4
+
+    original = gemma4.Embedder.decode
+    if getattr(original, "_tunedeck_capture", False):
+        return
+
+    def decode(self, x):
+        hidden = getattr(_CAPTURE, "hidden", None)
+        if hidden is None:
+            return original(self, x)
+        hidden.append(x)
+        return x[..., :1]
+
+    decode._tunedeck_capture = True
+    gemma4.Embedder.decode = decode
 
 
 def hidden_states(model, tokens, positions, attention_mask):
-    """The final-norm hidden state (B, T, D) of Tunix's ``Gemma4``, in f32, through the model's own
-    ``__call__``: Qwix applies LoRA by intercepting that call (it swaps in a subclass whose
-    ``__call__`` runs the model under its interceptors), so the layers must run inside it. For the
-    duration of the call the embedder's ``decode`` (the tied output projection) returns its input and
-    the final softcap is off; the caller applies both per chunk."""
-    embedder, config = model.embedder, model.config
-    cls, softcap = type(embedder), config.final_logit_softcap
-    embedder.__class__ = _returns_hidden(cls)
-    config.final_logit_softcap = None
+    """The final-norm hidden state (B, T, D) of Tunix's ``Gemma4``, through the model's own call:
+    Qwix applies LoRA by intercepting that call (it swaps in a subclass whose ``__call__`` runs the
+    model under its interceptors), so the layers cannot be run one by one from outside it. Nothing in
+    the model's graph changes (nnx refuses that inside the trainer's jit); see ``_install_capture``."""
+    _install_capture()
+    _CAPTURE.hidden = captured = []
     try:
-        hidden, _ = model(tokens, positions, None, attention_mask)
+        model(tokens, positions, None, attention_mask)
     finally:
-        embedder.__class__ = cls
-        config.final_logit_softcap = softcap
+        _CAPTURE.hidden = None
+    (hidden,) = captured
     return hidden
 
 
