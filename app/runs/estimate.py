@@ -37,11 +37,13 @@ GiB = 1024**3
 ASSUMED_MFU = 0.4
 USABLE = 0.9  # of a chip's memory, for what the estimate leaves out (XLA's code, fragmentation, host buffers)
 
-# Per chip: HBM bytes and peak bf16 FLOP/s (published figures).
+GB = 10**9
+# Per chip: memory in bytes and peak bf16 FLOP/s (published figures). Google quotes TPU HBM in GB
+# (10^9 bytes): v5p 95 GB, v5e 16 GB; a v6e chip ("32 GB") shows 31.25 GiB to JAX.
 ACCELERATORS = {
-    "tpu-v5p-8": (95 * GiB, 459e12),
-    "tpu-v6e-8": (32 * GiB, 918e12),
-    "tpu-v5e-8": (16 * GiB, 197e12),
+    "tpu-v5p-8": (95 * GB, 459e12),
+    "tpu-v6e-8": (31.25 * GiB, 918e12),
+    "tpu-v5e-8": (16 * GB, 197e12),
     "gpu-h100x1": (80 * GiB, 989e12),
     "gpu-h100x2": (80 * GiB, 989e12),
     "gpu-h100x8": (80 * GiB, 989e12),
