@@ -61,6 +61,7 @@ SCORE_COPIES = 7  # f32 (B, N, T, T) attention scores alive at once in one layer
 KEPT_PER_LAYER = {"none": (7.0, 12.0, 7.5), "block": (6.0, 12.0, 7.5), "decoder": (7.0, 14.6, 7.7)}
 AUTO_LOGITS_BYTES = 256 * 1024**2  # as worker/training/loss.py: chunk the loss above this much f32 logits
 AUTO_CHUNK_TOKENS = 1024
+FIT_GRID_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def loss_chunk(config: RunConfig, tokens_per_chip: int, vocab: int) -> int | None:
@@ -163,6 +164,9 @@ class Estimate:
     activations_gib_per_chip_by_remat: dict = field(default_factory=dict)
     usable_gib_per_chip: float = 0.0
     lower: str | None = None  # where it does not fit: the request field to lower (e.g. "config.max_seq_len")
+    # The settings that fit on this pool with this mesh and loss setting: {batch_size, max_seq_len, remat}
+    # (batch_size per optimizer step without gradient accumulation).
+    fitting: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -200,6 +204,25 @@ def estimate(
         )
 
     by_remat = {r: memory(r) for r in KEPT_PER_LAYER}
+    fitting = []
+    for rows in (1, 2, 4, 8):
+        for seq in FIT_GRID_LENGTHS:
+            tokens = rows * seq
+            for remat in KEPT_PER_LAYER:
+                m = step_memory(
+                    arch,
+                    batch_per_chip=rows,
+                    seq_len=seq,
+                    remat=remat,
+                    dtype=config.dtype,
+                    lora=lora,
+                    chips=chips,
+                    tp=tp,
+                    weight_bytes=weight_bytes,
+                    chunk=loss_chunk(config, tokens, arch.vocab_size),
+                )
+                if m.total <= USABLE * ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])[0]:
+                    fitting.append({"batch_size": rows * fsdp, "max_seq_len": seq, "remat": remat})
     mem = by_remat[config.remat]
     hbm, peak = ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])
     usable = USABLE * hbm
@@ -246,6 +269,7 @@ def estimate(
         activations_gib_per_chip_by_remat={r: activations(m) for r, m in by_remat.items()},
         usable_gib_per_chip=round(usable / GiB, 3),
         lower=lower,
+        fitting=fitting,
     )
 
 

@@ -30,3 +30,15 @@ def test_31b_on_a_v5p_8_fits_short_rows_and_names_the_field_to_lower():
     assert not long.fits and long.lower == "config.max_seq_len" and "GiB" in long.warning
     # 8k tokens of f32 logits per chip are 8 GiB a copy: the loss is chunked on its own
     assert long.loss_chunk_tokens == 1024 and long.logits_gib_per_chip < 4
+
+
+def test_the_estimate_lists_the_settings_that_fit():
+    base = BASE_MODELS["gemma-4-31b"]
+    pool = Pool(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.2)
+    e = estimate.estimate(base, RunConfig(batch_size=4, max_seq_len=8192, dtype="bfloat16"), pool, 4, 1, None)
+    fitting = {(f["batch_size"], f["max_seq_len"], f["remat"]) for f in e.fitting}
+    assert (4, 1024, "block") in fitting and (4, 512, "none") in fitting
+    assert not any(seq >= 8192 for _, seq, _ in fitting)
+    for batch, seq, remat in fitting:  # each listed setting, asked for, fits
+        config = RunConfig(batch_size=batch, max_seq_len=seq, remat=remat, dtype="bfloat16")
+        assert estimate.estimate(base, config, pool, 4, 1, None).fits
