@@ -127,9 +127,8 @@ def build(checkpoint: Path, **spec_fields):
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def compile_step(trainer, spec, mesh, pad_id: int = 0, compiler_options: dict | None = None) -> Measured:
-    """Compile the trainer's jitted train step for one (batch_size, max_seq_len) micro-batch."""
-    import jax
+def lower_step(trainer, spec, mesh, pad_id: int = 0):
+    """Trace and lower the trainer's jitted train step for one (batch_size, max_seq_len) micro-batch."""
     from flax import nnx
     from tunix.sft import peft_trainer
 
@@ -143,9 +142,12 @@ def compile_step(trainer, spec, mesh, pad_id: int = 0, compiler_options: dict | 
     trainer.with_gen_model_input_fn(data.model_inputs_fn(pad_id, 2))
     with mesh:
         step = nnx.jit(trainer.create_train_step_fn(), donate_argnames=("optimizer",))
-        compiled = step.lower(trainer.model, trainer.optimizer, batch).compile(compiler_options)
-    m = compiled.memory_analysis()
-    del jax
+        return step.lower(trainer.model, trainer.optimizer, batch)
+
+
+def analyse(lowered, compiler_options: dict | None = None) -> Measured:
+    """Compile and read XLA's memory figures."""
+    m = lowered.compile(compiler_options).memory_analysis()
     return Measured(
         argument_bytes=int(m.argument_size_in_bytes),
         output_bytes=int(m.output_size_in_bytes),
@@ -153,6 +155,11 @@ def compile_step(trainer, spec, mesh, pad_id: int = 0, compiler_options: dict | 
         temp_bytes=int(m.temp_size_in_bytes),
         code_bytes=int(m.generated_code_size_in_bytes),
     )
+
+
+def compile_step(trainer, spec, mesh, pad_id: int = 0, compiler_options: dict | None = None) -> Measured:
+    """Compile the trainer's jitted train step for one (batch_size, max_seq_len) micro-batch."""
+    return analyse(lower_step(trainer, spec, mesh, pad_id), compiler_options)
 
 
 def set_remat(model, remat: str) -> None:
@@ -174,17 +181,17 @@ def measure_many(
     model is loaded once (compiling is what takes the time: ~1-5 s a setting for small shapes)."""
     from worker.training import engine, loss
 
-    out = []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_checkpoint(Path(tmp) / "model", hf_config(arch, dtype))
         trainer, s, mesh = build(ckpt, dtype=dtype, **spec)
+        out = []
         for batch_size, max_seq_len, remat, chunk in settings:
             set_remat(trainer.model, remat)
             s = dataclasses.replace(s, batch_size=batch_size, max_seq_len=max_seq_len, remat=remat)
             size = loss.chunk_tokens_for(chunk, batch_size * max_seq_len, arch["vocab_size"])
             trainer.with_loss_fn(loss.chunked_loss_fn(size) if size else engine.peft_trainer._default_loss_fn)
-            out.append(compile_step(trainer, s, mesh, compiler_options=compiler_options))
-    return out
+            out.append(analyse(lower_step(trainer, s, mesh), compiler_options))
+        return out
 
 
 # -- estimate against XLA ----------------------------------------------------------------------
