@@ -55,6 +55,13 @@ class RunConfig(SQLModel):
     mesh_tp: int | None = Field(default=None, ge=1, description="default: 1")
     remat: Literal["none", "block", "decoder"] = "none"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    loss_chunk_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_048_576,
+        description="compute the loss this many tokens at a time (0: never chunk; default: chunk by 1024 "
+        "where one micro-batch's f32 logits per chip exceed 256 MiB)",
+    )
 
     @field_validator("target_modules")
     @classmethod
@@ -86,6 +93,7 @@ class RunCreate(SQLModel):
     pool: str = "cpu"
     suffix: str | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
+    force: bool = Field(default=False, description="launch even if the estimate says it will not fit in memory")
 
 
 class Run(SQLModel, table=True):

@@ -33,6 +33,7 @@ class Method(BaseModel):
 class TunedeckExtra(BaseModel):
     pool: str = "cpu"
     config: dict[str, Any] = Field(default_factory=dict)
+    force: bool = False  # launch even if the memory estimate says it will not fit
 
 
 class JobCreate(BaseModel):
@@ -66,6 +67,7 @@ def _to_run_create(job: JobCreate) -> RunCreate:
         pool=job.tunedeck.pool,
         suffix=job.suffix,
         config=RunConfig(**config),
+        force=job.tunedeck.force,
     )
 
 

@@ -147,8 +147,19 @@ def to_public(session: Session, run: Run) -> RunPublic:
     return RunPublic.model_validate(run, update={"cost_usd": round(cost_usd(session, run), 6)})
 
 
+def check_fits(session: Session, data: RunCreate, pool: Pool) -> Estimate:
+    """The memory estimate on the pool's chips; raises RunInvalid naming the field to lower (the
+    estimate's ``lower``) when it will not fit, unless the request says ``force``."""
+    fsdp, tp = resolve_mesh(data.config, pool)
+    est = estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, None)
+    if not est.fits and not data.force:
+        raise RunInvalid(tuple(est.lower.split(".")), f"will not fit in memory: {est.warning} (or set force)")
+    return est
+
+
 def create(session: Session, owner: User, data: RunCreate) -> Run:
     pool, used = check(session, owner, data)
+    est = check_fits(session, data, pool)
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
@@ -166,6 +177,8 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     )
     session.add(run)
     event(session, run, f"created on pool {pool.name} from {data.base_model}")
+    if not est.fits:
+        event(session, run, f"launched with force although it will likely not fit in memory: {est.warning}", "warn")
     session.commit()
     session.refresh(run)
     if not waiting:

@@ -85,3 +85,50 @@ def test_a_dataset_used_by_a_run_cannot_be_deleted(server, api):
     r = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
     with pytest.raises(openai.ConflictError):
         r.files.delete(dataset)
+
+
+# The tiny model at lengths whose attention scores alone (7 f32 copies of batch x 8 heads x T x T,
+# as XLA holds them; see app/runs/estimate.py) are far beyond a 16 GiB chip.
+@pytest.mark.parametrize(
+    "config, loc",
+    [
+        ({"max_seq_len": 65536, "batch_size": 8}, ["body", "config", "max_seq_len"]),  # no row of 65k fits
+        ({"max_seq_len": 4096, "batch_size": 64}, ["body", "config", "batch_size"]),  # one row of 4k fits
+    ],
+)
+def test_a_run_that_will_not_fit_is_refused_with_the_field_to_lower(api, ready_dataset, config, loc):
+    before = api.get("/api/v1/runs").json()["count"]
+    body = {"base_model": "tiny-gemma4", "dataset_id": ready_dataset, "config": config}
+    estimate = api.post("/api/v1/runs/estimate", json=body).json()
+    assert estimate["fits"] is False and estimate["lower"] == ".".join(loc[1:]), estimate
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == loc and "will not fit" in detail["msg"], detail
+    assert api.get("/api/v1/runs").json()["count"] == before
+
+
+def test_a_forced_run_that_will_not_fit_is_queued_with_a_warning(server, api, ready_dataset):
+    # On the TPU pool, which no test worker serves: the run is queued, never trained here.
+    config = {"max_seq_len": 262144, "batch_size": 4}
+    body = {"base_model": "tiny-gemma4", "dataset_id": ready_dataset, "pool": "tpu-v5p-8", "config": config}
+    assert api.post("/api/v1/runs", json=body).status_code == 422
+    r = api.post("/api/v1/runs", json={**body, "force": True})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    assert run["status"] == "queued" and "force" not in run["config"]
+    events = api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]
+    warnings = [e for e in events if e["level"] == "warn"]
+    assert len(warnings) == 1 and "force" in warnings[0]["message"] and "GiB" in warnings[0]["message"], events
+    # The OpenAI route takes it in its tunedeck extras.
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    extras = {"pool": "tpu-v5p-8", "config": config}
+    with pytest.raises(openai.UnprocessableEntityError, match="max_seq_len"):
+        client.fine_tuning.jobs.create(
+            model="tiny-gemma4", training_file=ready_dataset, extra_body={"tunedeck": extras}
+        )
+    job = client.fine_tuning.jobs.create(
+        model="tiny-gemma4", training_file=ready_dataset, extra_body={"tunedeck": {**extras, "force": True}}
+    )
+    for run_id in (run["id"], job.id):
+        assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200

@@ -262,3 +262,16 @@ def test_demo_dataset_validates_ready(tmp_path):
     convos = list(iter_conversations(path, demo.DEMO_FILENAME, file_type="jsonl", fmt="chat"))
     assert convos[0][-1]["content"].startswith("The capital of ")
     assert demo.demo_dataset_jsonl() == path.read_bytes()  # deterministic
+
+
+def test_chunked_loss_trains_like_the_default_loss(Recorder, make_spec, tmp_path):
+    """``loss_chunk_tokens`` switches the trainer to the chunked loss: the same losses, step by step."""
+    losses = {}
+    for chunk in (0, 48):
+        spec = make_spec(max_steps=3, output_dir=str(tmp_path / f"run-{chunk}"), loss_chunk_tokens=chunk)
+        rep = Recorder()
+        engine.train(spec, rep)
+        losses[chunk] = [rep.train_metrics[s]["loss"] for s in (1, 2, 3)]
+        chunked = [e for e in rep.events if e[0] == "log" and "chunked loss" in e[1]]
+        assert len(chunked) == (1 if chunk else 0), rep.events
+    np.testing.assert_allclose(losses[48], losses[0], rtol=1e-4)

@@ -54,6 +54,7 @@ from tunix.utils import mesh as mesh_lib
 
 from worker.chat import ChatFormat
 from worker.training import data, models, perf
+from worker.training import loss as loss_lib
 
 PHASES = ("loading", "compiling", "training", "evaluating", "checkpointing")
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -101,6 +102,7 @@ class TrainSpec:
     dtype: str
     quantization: str | None
     enable_thinking: bool = False  # the chat template's switch, for data with thinking (Gemma 4: <|think|>)
+    loss_chunk_tokens: int | None = None  # None: chunked only where the logits are large (loss.py)
 
 
 class Reporter(Protocol):
@@ -253,6 +255,38 @@ def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
     return lora_model, n_params
 
 
+def make_trainer(model, spec: TrainSpec, config: models.ModelConfig, total_steps: int, checkpoint_dir: str | None):
+    """The run's ``PeftTrainer`` (see ``_Trainer``) with its optimizer, checkpoint policy and loss:
+    Tunix's default loss, or ``loss.chunked_loss_fn`` where the run's ``loss_chunk_tokens`` asks for
+    it (by default when one micro-batch's f32 logits per device would exceed 256 MiB)."""
+    policy = ocp.checkpoint_managers.AnySavePolicy(
+        [
+            ocp.checkpoint_managers.FixedIntervalPolicy(spec.checkpoint_every_steps),
+            ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
+        ]
+    )
+    training_config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=spec.eval_every_steps,
+        max_steps=total_steps,
+        gradient_accumulation_steps=spec.grad_accum_steps if spec.grad_accum_steps > 1 else None,
+        checkpoint_root_directory=checkpoint_dir,
+        checkpointing_options=ocp.CheckpointManagerOptions(
+            save_decision_policy=policy,
+            max_to_keep=spec.checkpoints_kept,
+            enable_async_checkpointing=False,
+        ),
+        data_sharding_axis=("fsdp",),
+        pbar_description=None,
+    )
+    trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
+    trainer.step_outputs = []
+    tokens_per_device = spec.batch_size * spec.max_seq_len // spec.mesh_fsdp
+    trainer.loss_chunk_tokens = loss_lib.chunk_tokens_for(spec.loss_chunk_tokens, tokens_per_device, config.num_embed)
+    if trainer.loss_chunk_tokens:
+        trainer.with_loss_fn(loss_lib.chunked_loss_fn(trainer.loss_chunk_tokens))
+    return trainer
+
+
 # -- the trainer and its hooks -----------------------------------------------------------------
 
 
@@ -260,6 +294,7 @@ class _Trainer(peft_trainer.PeftTrainer):
     """PeftTrainer whose train step also hands back the loss and the gradient norm as aux."""
 
     step_outputs: list
+    loss_chunk_tokens: int | None = None
 
     def create_train_step_fn(self):
         base = super().create_train_step_fn()
@@ -593,28 +628,10 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
             f"{n_lora:,} trainable params in {time.perf_counter() - t:.2f} s"
         )
 
-        policy = ocp.checkpoint_managers.AnySavePolicy(
-            [
-                ocp.checkpoint_managers.FixedIntervalPolicy(spec.checkpoint_every_steps),
-                ocp.checkpoint_managers.PreemptionCheckpointingPolicy(),
-            ]
-        )
-        training_config = peft_trainer.TrainingConfig(
-            eval_every_n_steps=spec.eval_every_steps,
-            max_steps=total_steps,
-            gradient_accumulation_steps=spec.grad_accum_steps if spec.grad_accum_steps > 1 else None,
-            checkpoint_root_directory=run.checkpoint_dir,
-            checkpointing_options=ocp.CheckpointManagerOptions(
-                save_decision_policy=policy,
-                max_to_keep=spec.checkpoints_kept,
-                enable_async_checkpointing=False,
-            ),
-            data_sharding_axis=("fsdp",),
-            pbar_description=None,
-        )
         run.measure(model, config, mesh)
-        trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
-        trainer.step_outputs = []
+        trainer = make_trainer(model, spec, config, total_steps, run.checkpoint_dir)
+        if trainer.loss_chunk_tokens:
+            reporter.log(f"loss computed {trainer.loss_chunk_tokens} tokens at a time (chunked loss)")
         run.trainer = trainer
         resumed = trainer.train_steps or None
         run.first_step = run.last_reported = run.last_dispatched = trainer.train_steps

@@ -1,0 +1,44 @@
+"""The pre-flight estimate's arithmetic (no JAX): chip memory in real bytes, and the 31B fit grid."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.base_models.presets import BASE_MODELS
+from app.pools.models import Pool
+from app.runs import estimate
+from app.runs.models import RunConfig
+
+GB = 10**9
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "bytes_"),
+    [("tpu-v5p-8", 95 * GB), ("tpu-v5e-8", 16 * GB), ("tpu-v6e-8", 31.25 * estimate.GiB)],
+)
+def test_tpu_memory_is_in_real_bytes(accelerator, bytes_):
+    # Google quotes HBM in GB (10^9 bytes); a v6e chip shows 31.25 GiB to JAX.
+    assert estimate.ACCELERATORS[accelerator][0] == bytes_
+
+
+def test_31b_on_a_v5p_8_fits_short_rows_and_names_the_field_to_lower():
+    base = BASE_MODELS["gemma-4-31b"]
+    pool = Pool(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.2)
+    short = estimate.estimate(base, RunConfig(batch_size=4, max_seq_len=1024, dtype="bfloat16"), pool, 4, 1, None)
+    assert short.fits and short.lower is None
+    long = estimate.estimate(base, RunConfig(batch_size=4, max_seq_len=8192, dtype="bfloat16"), pool, 4, 1, None)
+    assert not long.fits and long.lower == "config.max_seq_len" and "GiB" in long.warning
+    # 8k tokens of f32 logits per chip are 8 GiB a copy: the loss is chunked on its own
+    assert long.loss_chunk_tokens == 1024 and long.logits_gib_per_chip < 4
+
+
+def test_the_estimate_lists_the_settings_that_fit():
+    base = BASE_MODELS["gemma-4-31b"]
+    pool = Pool(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.2)
+    e = estimate.estimate(base, RunConfig(batch_size=4, max_seq_len=8192, dtype="bfloat16"), pool, 4, 1, None)
+    fitting = {(f["batch_size"], f["max_seq_len"], f["remat"]) for f in e.fitting}
+    assert (4, 1024, "block") in fitting and (4, 512, "none") in fitting
+    assert not any(seq >= 8192 for _, seq, _ in fitting)
+    for batch, seq, remat in fitting:  # each listed setting, asked for, fits
+        config = RunConfig(batch_size=batch, max_seq_len=seq, remat=remat, dtype="bfloat16")
+        assert estimate.estimate(base, config, pool, 4, 1, None).fits
