@@ -37,9 +37,11 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # The API and CLI tests, which run a real server (web + worker), again on PostgreSQL + Redis. Not
 # again there: the engine, merge, model-server and validator tests (they touch neither), the browser
 # tests (the pages call the same API, which tests/api covers on PostgreSQL), and the artifact-store
-# test (fsspec; the lost-worker re-queue it also covers runs on PostgreSQL in the run SIGKILL test).
+# test (fsspec; the lost-worker re-queue it also covers runs on PostgreSQL in the run SIGKILL test), and the
+# Gemma 4 release chain (file formats; its train, merge and deploy steps run on PostgreSQL in their own tests).
 SERVER_TESTS := tests/api tests/test_cli.py
-NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store
+NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store \
+	--deselect tests/api/test_gemma4_release.py
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \
