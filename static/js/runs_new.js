@@ -51,6 +51,7 @@
       pool: poolSelect.value,
       suffix: suffix || null,
       config: readConfig(),
+      force: $("force").checked,
     };
   }
 
