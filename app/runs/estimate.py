@@ -189,7 +189,9 @@ def estimate(
     # As the engine decides (worker/training/engine.py make_trainer): tokens of a micro-batch per data shard.
     chunk = loss_chunk(config, micro * config.max_seq_len // fsdp, arch.vocab_size)
 
-    def memory(remat: str, batch: float = per_chip_batch, seq: int = config.max_seq_len) -> Memory:
+    def memory(
+        remat: str, batch: float = per_chip_batch, seq: int = config.max_seq_len, chunk: int | None = chunk
+    ) -> Memory:
         return step_memory(
             arch,
             batch_per_chip=batch,
@@ -207,20 +209,8 @@ def estimate(
     fitting = []
     for rows in (1, 2, 4, 8):
         for seq in FIT_GRID_LENGTHS:
-            tokens = rows * seq
             for remat in KEPT_PER_LAYER:
-                m = step_memory(
-                    arch,
-                    batch_per_chip=rows,
-                    seq_len=seq,
-                    remat=remat,
-                    dtype=config.dtype,
-                    lora=lora,
-                    chips=chips,
-                    tp=tp,
-                    weight_bytes=weight_bytes,
-                    chunk=loss_chunk(config, tokens, arch.vocab_size),
-                )
+                m = memory(remat, rows, seq, loss_chunk(config, rows * seq, arch.vocab_size))
                 if m.total <= USABLE * ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])[0]:
                     fitting.append({"batch_size": rows * fsdp, "max_seq_len": seq, "remat": remat})
     mem = by_remat[config.remat]
