@@ -59,15 +59,17 @@ CHUNK_BYTES_PER_TOKEN_AND_ENTRY = 12
 SCORE_COPIES = 7  # f32 (B, N, T, T) attention scores alive at once in one layer's backward
 # Values kept per layer and token: (x MLP width, x model width, x query width), by remat setting.
 KEPT_PER_LAYER = {"none": (7.0, 12.0, 7.5), "block": (6.0, 12.0, 7.5), "decoder": (7.0, 14.6, 7.7)}
-AUTO_LOGITS_BYTES = 256 * 1024**2  # as worker/training/loss.py: chunk the loss above this much f32 logits
+# The engine chunks the loss (`loss_chunk_tokens` None) when a micro-batch's f32 logits on a device
+# would take more than this many bytes, by this many tokens.
+AUTO_LOGITS_BYTES = 256 * 1024**2
 AUTO_CHUNK_TOKENS = 1024
 FIT_GRID_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def loss_chunk(config: RunConfig, tokens_per_chip: int, vocab: int) -> int | None:
-    """The loss chunk the engine will use (None: Tunix's default loss); mirrors
-    ``worker.training.loss.chunk_tokens_for``."""
-    setting = config.loss_chunk_tokens
+def loss_chunk(setting: int | None, tokens_per_chip: int, vocab: int) -> int | None:
+    """The loss chunk the engine uses (None: Tunix's default loss). ``setting`` is the run's
+    ``loss_chunk_tokens``: 0 never chunks, N > 0 always chunks by N, None chunks by AUTO_CHUNK_TOKENS
+    when a micro-batch's f32 logits per device exceed AUTO_LOGITS_BYTES."""
     if setting == 0:
         return None
     if setting is not None:
@@ -187,7 +189,7 @@ def estimate(
     micro = config.batch_size // config.grad_accum_steps
     per_chip_batch = micro / fsdp
     # As the engine decides (worker/training/engine.py make_trainer): tokens of a micro-batch per data shard.
-    chunk = loss_chunk(config, micro * config.max_seq_len // fsdp, arch.vocab_size)
+    chunk = loss_chunk(config.loss_chunk_tokens, micro * config.max_seq_len // fsdp, arch.vocab_size)
 
     def memory(
         remat: str, batch: float = per_chip_batch, seq: int = config.max_seq_len, chunk: int | None = chunk
@@ -210,7 +212,7 @@ def estimate(
     for rows in (1, 2, 4, 8):
         for seq in FIT_GRID_LENGTHS:
             for remat in KEPT_PER_LAYER:
-                m = memory(remat, rows, seq, loss_chunk(config, rows * seq, arch.vocab_size))
+                m = memory(remat, rows, seq, loss_chunk(config.loss_chunk_tokens, rows * seq, arch.vocab_size))
                 if m.total <= USABLE * ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])[0]:
                     fitting.append({"batch_size": rows * fsdp, "max_seq_len": seq, "remat": remat})
     mem = by_remat[config.remat]

@@ -42,3 +42,11 @@ def test_the_estimate_lists_the_settings_that_fit():
     for batch, seq, remat in fitting:  # each listed setting, asked for, fits
         config = RunConfig(batch_size=batch, max_seq_len=seq, remat=remat, dtype="bfloat16")
         assert estimate.estimate(base, config, pool, 4, 1, None).fits
+
+
+def test_auto_chunking_kicks_in_above_256_mib_of_logits():
+    """The engine's choice of loss (estimate.loss_chunk, which worker/training/engine.py calls)."""
+    assert estimate.loss_chunk(None, 128, 1280) is None
+    assert estimate.loss_chunk(None, 8192, 262_144) == estimate.AUTO_CHUNK_TOKENS
+    assert estimate.loss_chunk(0, 8192, 262_144) is None
+    assert estimate.loss_chunk(512, 16, 1280) == 512

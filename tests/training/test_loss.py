@@ -45,10 +45,3 @@ def test_chunked_loss_equals_tunix_default_loss_and_gradients(make_spec, tiny_mo
         assert len(got_grads) == len(want_grads) > 0
         for g, w in zip(got_grads, want_grads, strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=1e-6, err_msg=f"chunk {chunk}")
-
-
-def test_auto_chunking_kicks_in_above_256_mib_of_logits():
-    assert loss.chunk_tokens_for(None, 128, 1280) is None
-    assert loss.chunk_tokens_for(None, 8192, 262_144) == loss.AUTO_CHUNK_TOKENS
-    assert loss.chunk_tokens_for(0, 8192, 262_144) is None
-    assert loss.chunk_tokens_for(512, 16, 1280) == 512

@@ -52,6 +52,7 @@ from tunix.sft import hooks as tunix_hooks
 from tunix.sft import peft_trainer
 from tunix.utils import mesh as mesh_lib
 
+from app.runs import estimate
 from worker.chat import ChatFormat
 from worker.training import data, models, perf
 from worker.training import loss as loss_lib
@@ -281,7 +282,7 @@ def make_trainer(model, spec: TrainSpec, config: models.ModelConfig, total_steps
     trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
     trainer.step_outputs = []
     tokens_per_device = spec.batch_size * spec.max_seq_len // spec.mesh_fsdp
-    trainer.loss_chunk_tokens = loss_lib.chunk_tokens_for(spec.loss_chunk_tokens, tokens_per_device, config.num_embed)
+    trainer.loss_chunk_tokens = estimate.loss_chunk(spec.loss_chunk_tokens, tokens_per_device, config.num_embed)
     if trainer.loss_chunk_tokens:
         trainer.with_loss_fn(loss_lib.chunked_loss_fn(trainer.loss_chunk_tokens))
     return trainer

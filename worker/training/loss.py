@@ -21,12 +21,6 @@ import threading
 import jax
 import jax.numpy as jnp
 
-# The default above which the engine switches to the chunked loss (`loss_chunk_tokens` None): when
-# one micro-batch's f32 logits on a device would take more than this many bytes.
-AUTO_LOGITS_BYTES = 256 * 1024**2
-AUTO_CHUNK_TOKENS = 1024
-
-
 _CAPTURE = threading.local()  # .hidden: a list while hidden_states() runs the model
 
 
@@ -111,16 +105,3 @@ def chunked_loss_fn(chunk_tokens: int):
         return total / (jnp.sum(mask) + 1e-8)
 
     return loss_fn
-
-
-def chunk_tokens_for(setting: int | None, tokens_per_device: int, vocab_size: int) -> int | None:
-    """The chunk size the engine uses (None: Tunix's default loss). ``setting`` is the run's
-    ``loss_chunk_tokens``: 0 never chunks, N > 0 always chunks by N, None chunks by
-    ``AUTO_CHUNK_TOKENS`` when a micro-batch's f32 logits per device exceed ``AUTO_LOGITS_BYTES``."""
-    if setting == 0:
-        return None
-    if setting is not None:
-        return setting
-    if tokens_per_device * vocab_size * 4 > AUTO_LOGITS_BYTES:
-        return AUTO_CHUNK_TOKENS
-    return None

@@ -179,6 +179,7 @@ def measure_many(
 ) -> list[Measured]:
     """XLA's figures for each (batch_size, max_seq_len, remat, loss_chunk_tokens) in ``settings``; the
     model is loaded once (compiling is what takes the time: ~1-5 s a setting for small shapes)."""
+    from app.runs import estimate
     from worker.training import engine, loss
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +189,7 @@ def measure_many(
         for batch_size, max_seq_len, remat, chunk in settings:
             set_remat(trainer.model, remat)
             s = dataclasses.replace(s, batch_size=batch_size, max_seq_len=max_seq_len, remat=remat)
-            size = loss.chunk_tokens_for(chunk, batch_size * max_seq_len, arch["vocab_size"])
+            size = estimate.loss_chunk(chunk, batch_size * max_seq_len, arch["vocab_size"])
             trainer.with_loss_fn(loss.chunked_loss_fn(size) if size else engine.peft_trainer._default_loss_fn)
             out.append(analyse(lower_step(trainer, s, mesh), compiler_options))
         return out
@@ -210,7 +211,7 @@ def compare(arch, settings, measured: list[Measured], *, dtype: str = "float32",
     lora = lora_params(arch, lora_rank, HF_TARGET_MODULES)
     rows = []
     for (batch, seq, remat, chunk), m in zip(settings, measured, strict=True):
-        size = loss_chunk(chunk, batch * seq, arch.vocab_size)
+        size = estimate.loss_chunk(chunk, batch * seq, arch.vocab_size)
         est = estimate.step_memory(
             arch, batch_per_chip=batch, seq_len=seq, remat=remat, dtype=dtype, lora=lora, chunk=size
         )
@@ -229,12 +230,6 @@ def compare(arch, settings, measured: list[Measured], *, dtype: str = "float32",
             }
         )
     return rows
-
-
-def loss_chunk(setting, tokens: int, vocab: int):
-    from worker.training import loss
-
-    return loss.chunk_tokens_for(setting, tokens, vocab)
 
 
 def format_rows(rows: list[dict]) -> str:
