@@ -99,6 +99,20 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def sql(self, statement: str, **params) -> list:
+        """Run SQL on the server's own database: how a test stages what a lost host or a lost
+        message leaves behind (rows no live process would write)."""
+        import sqlalchemy as sa
+
+        url = self.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{self.data_dir / 'tunedeck.db'}"
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                result = conn.execute(sa.text(statement), params)
+                return list(result) if result.returns_rows else []
+        finally:
+            engine.dispose()
+
     def wait_for(self, predicate, timeout: float = 60, interval: float = 0.2, what: str = "condition"):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="tunedeck-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self._beat()
+        self._guarded_beat()  # a first beat that fails (database not up yet, say) must not stop the rest
         self._thread.start()
 
     def stop(self) -> None:
@@ -44,7 +44,10 @@ class Heartbeat:
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds
         while not self._stop.wait(interval):
-            try:
-                self._beat()
-            except Exception:  # noqa: BLE001 - a missed beat must not kill the worker
-                log.exception("heartbeat failed")
+            self._guarded_beat()
+
+    def _guarded_beat(self) -> None:
+        try:
+            self._beat()
+        except Exception:  # noqa: BLE001 - a missed beat must not kill the worker or its heartbeat
+            log.exception("heartbeat failed")

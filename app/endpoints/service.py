@@ -261,9 +261,13 @@ def fail(session: Session, endpoint: Endpoint, error: str, log_tail: str | None 
         _set(session, endpoint, EndpointStatus.failed, phase=None, error=error[:2000], stopped_at=utcnow())
 
 
-def stopped(session: Session, endpoint: Endpoint, log_tail: str) -> None:
+def stopped(session: Session, endpoint: Endpoint, log_tail: str | None = None) -> None:
+    """Stopped, with the model server's last output when given (a lost host's endpoint keeps the
+    last it sent)."""
     session.refresh(endpoint)
-    _set(session, endpoint, EndpointStatus.stopped, phase=None, stopped_at=utcnow(), log_tail=log_tail)
+    if log_tail is not None:
+        endpoint.log_tail = log_tail
+    _set(session, endpoint, EndpointStatus.stopped, phase=None, stopped_at=utcnow())
 
 
 def fail_stale(session: Session, pool: str) -> list[str]:

@@ -184,3 +184,36 @@ def test_bad_deploy_requests_are_named(api, artifact):
     r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 4})
     assert field_of(r) == "max_model_len"
     assert api.get("/api/v1/endpoints").json()["count"] == before, "a refused deploy creates nothing"
+
+
+def test_endpoints_of_a_lost_host_end_on_the_next_beat(server, api, artifact):
+    """A host that went silent with endpoints on it: the live worker's beat ends them (a stop that was
+    requested completes, the rest fail naming the host), and keeps beating."""
+    ids = {status: f"ep-lost-{status}-{os.getpid()}" for status in ("pending", "starting", "ready", "stopping")}
+    owner = api.get("/api/v1/users/me").json()["id"]
+    for status, endpoint_id in ids.items():
+        server.sql(
+            "INSERT INTO endpoints (id, owner_id, artifact_id, model, pool, runtime, status, settings, worker,"
+            " heartbeat_at, log_tail, attempts, created_at, updated_at) VALUES (:id, :owner, :artifact, :model,"
+            " 'cpu', 'local', :status, '{}', 'host-gone', :old, 'last words', 1, :old, :old)",
+            id=endpoint_id,
+            owner=owner,
+            artifact=artifact["id"],
+            model=artifact["name"],
+            status=status,
+            old="2000-01-01 00:00:00" if status != "pending" else "2999-01-01 00:00:00",
+        )
+    ended = {
+        status: wait_endpoint(server, api, endpoint_id, ("stopped", "failed"), timeout=15)
+        for status, endpoint_id in ids.items()
+        if status != "pending"
+    }
+    assert ended["stopping"]["status"] == "stopped"
+    assert api.get(f"/api/v1/endpoints/{ids['stopping']}/logs").text.strip() == "last words"
+    for status in ("starting", "ready"):
+        assert ended[status]["status"] == "failed" and "no heartbeat from host-gone" in ended[status]["error"]
+    assert api.get(f"/api/v1/endpoints/{ids['pending']}").json()["status"] == "pending"  # still queued
+    assert api.delete(f"/api/v1/endpoints/{ids['stopping']}").status_code == 204
+    workers = api.get("/api/v1/pools/cpu").json()["workers"]
+    assert any(w["online"] for w in workers), "the worker's heartbeat goes on"
+    server.sql("DELETE FROM endpoints WHERE id LIKE 'ep-lost-%'")
