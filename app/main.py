@@ -22,6 +22,7 @@ from app.benchmarks import routes as benchmark_routes
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
 from app.core.errors import openai_error
+from app.core.limits import BodyLimit
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
 from app.core.templating import render
 from app.datasets import openai_routes as dataset_openai_routes
@@ -68,7 +69,8 @@ def create_app() -> FastAPI:
         max_age=14 * 24 * 3600,
     )
     app.add_middleware(MetricsMiddleware)
-    app.add_middleware(endpoint_gateway.FastPath)  # outermost: the gateway's relayed chunks skip the others
+    app.add_middleware(endpoint_gateway.FastPath)  # the gateway's relayed chunks skip the others
+    app.add_middleware(BodyLimit)  # outermost: no body is read past its cap, before authentication too
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
 
     for module in (

@@ -23,6 +23,12 @@ class Settings(BaseSettings):
     secret_key: str | None = None
     pool: str = "cpu"
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
+    max_body_bytes: int = Field(
+        default=1024**2, gt=0, description="the largest request body of the API and the pages (uploads aside)"
+    )
+    gateway_max_body_bytes: int = Field(
+        default=32 * 1024**2, gt=0, description="the largest request body of the gateway's OpenAI routes"
+    )
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     stale_seconds: float = Field(
         default=30.0, gt=0, description="a running run or artifact build whose worker is silent this long is re-queued"
