@@ -75,5 +75,6 @@ def test_a_huge_body_without_a_token_is_refused_before_it_is_read(server):
 def test_bodies_under_the_caps_pass(server, api):
     r = api.post("/api/v1/runs", json={"base_model": "x" * (512 * 1024)})
     assert r.status_code == 422, r.text  # read and validated, not refused for its size
-    r = api.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x" * 2 * MB}]})
+    long_prompt = [{"role": "user", "content": "x" * 2 * MB}]
+    r = api.post("/v1/chat/completions", json={"model": "nope", "messages": long_prompt})
     assert r.status_code == 404 and "not deployed" in r.json()["error"]["message"]
