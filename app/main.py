@@ -8,7 +8,7 @@ import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
 
@@ -19,6 +19,7 @@ from app.auth import routes as auth_routes
 from app.base_models import routes as base_model_routes
 from app.benchmarks import pages as benchmark_pages
 from app.benchmarks import routes as benchmark_routes
+from app.core import queue
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
 from app.core.errors import openai_error
@@ -116,6 +117,15 @@ def create_app() -> FastAPI:
         if _wants_html(request):
             return render(request, "error.html", status_code=exc.status_code, status=exc.status_code, detail=exc.detail)
         return await http_exception_handler(request, exc)
+
+    @app.exception_handler(queue.BrokerUnavailable)
+    async def _broker_down(request: Request, exc: queue.BrokerUnavailable):
+        detail = f"{exc}; nothing was changed: try again once it is back"
+        if request.url.path.startswith("/v1/"):
+            return openai_error(503, detail)
+        if _wants_html(request):
+            return render(request, "error.html", status_code=503, status=503, detail=detail)
+        return JSONResponse({"detail": detail}, 503)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):

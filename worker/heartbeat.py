@@ -1,13 +1,16 @@
 """A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
 and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued,
-and its silent endpoints marked failed (their model server went with their host)."""
+its silent endpoints marked failed (their model server went with their host), and the tasks of rows
+of any pool that wait for a task their queue lost are sent again (`queue.resend_lost`)."""
 
 import logging
 import threading
 
 from app.artifacts import service as artifacts
+from app.benchmarks import service as benchmarks
+from app.core import queue
 from app.core.config import get_settings
-from app.core.db import session_scope
+from app.core.db import session_scope, utcnow
 from app.endpoints import service as endpoints
 from app.pools import service as pools
 from app.runs import service as runs
@@ -40,6 +43,14 @@ class Heartbeat:
                 log.warning("artifact %s lost its worker: re-queued", artifact_id)
             for endpoint_id in endpoints.fail_stale(session, self.pool):
                 log.warning("endpoint %s lost its worker", endpoint_id)
+            waiting = [
+                *runs.waiting_tasks(session),
+                *artifacts.waiting_tasks(session),
+                *endpoints.waiting_tasks(session),
+                *benchmarks.waiting_tasks(session),
+            ]
+            for row_id in queue.resend_lost(waiting, utcnow()):
+                log.warning("%s waited for a task its queue did not hold: sent again", row_id)
 
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import fsspec
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.artifacts.models import (
     ACTIVE,
@@ -110,7 +110,18 @@ def create(session: Session, owner: User, data: ArtifactCreate) -> Artifact:
     if same is not None:
         raise ArtifactError("checkpoint_step", f"artifact {same.id} is this {data.kind} of step {step}", conflict=True)
     final = run.status == RunStatus.succeeded and step == steps[-1]
+    queue.check_broker()
     return _enqueue(session, run, data.kind, step, _name(run, data.kind, step, final))
+
+
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    """Builds on no worker that wait for one: queued, or re-queued after their worker was lost."""
+    rows = session.exec(
+        select(Artifact.id, Run.pool, Artifact.updated_at, Artifact.heartbeat_at)
+        .join(Run, col(Run.id) == col(Artifact.run_id))
+        .where(col(Artifact.status).in_(ACTIVE), col(Artifact.worker).is_(None))
+    ).all()
+    return [queue.Waiting(queue.BUILD_ARTIFACT, pool, id_, max(at, beat or at)) for id_, pool, at, beat in rows]
 
 
 def _enqueue(session: Session, run: Run, kind: ArtifactKind, step: int, name: str) -> Artifact:

@@ -4,7 +4,7 @@ from the endpoint's host and records each level here as it completes."""
 
 from __future__ import annotations
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.auth.models import User
 from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
@@ -37,6 +37,7 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
             raise BenchmarkError("dataset_id", f"unknown dataset {data.dataset_id!r}")
         if dataset.status != DatasetStatus.ready or not dataset.valid_rows:
             raise BenchmarkError("dataset_id", f"dataset {dataset.id} is {dataset.status}; its prompts cannot be used")
+    queue.check_broker()
     pool = session.get(Pool, endpoint.pool)
     config = data.model_dump(exclude={"endpoint_id"})
     levels = len(data.concurrency) + len(data.request_rates)
@@ -56,6 +57,14 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
     session.commit()
     queue.send_task(queue.RUN_BENCHMARK, benchmark.id, queue=endpoint.pool)
     return benchmark
+
+
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    """Benchmarks that wait for a worker of their endpoint's pool."""
+    rows = session.exec(
+        select(Benchmark.id, Benchmark.pool, Benchmark.updated_at).where(Benchmark.status == BenchmarkStatus.queued)
+    ).all()
+    return [queue.Waiting(queue.RUN_BENCHMARK, pool, id_, since) for id_, pool, since in rows]
 
 
 def list_benchmarks(

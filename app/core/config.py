@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     stale_seconds: float = Field(
         default=30.0, gt=0, description="a running run or artifact build whose worker is silent this long is re-queued"
     )
+    lost_task_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="a row waiting this long for a task its queue does not hold has the task sent again",
+    )
     cookie_secure: bool = False
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
@@ -81,6 +86,10 @@ class Settings(BaseSettings):
     @property
     def stale_after(self) -> timedelta:
         return timedelta(seconds=self.stale_seconds)
+
+    @property
+    def lost_task_after(self) -> timedelta:
+        return timedelta(seconds=self.lost_task_seconds)
 
     @property
     def storage_dir(self) -> Path:

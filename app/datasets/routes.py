@@ -2,10 +2,11 @@
 
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse
 
-from app.core import errors
+from app.core import errors, queue
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
@@ -40,6 +41,7 @@ UPLOAD_BODY = {
 async def receive_dataset(request: Request, user, *, purpose_field: bool = False) -> Dataset:
     """Shared by the native and the OpenAI upload routes."""
     settings = get_settings()
+    await anyio.to_thread.run_sync(queue.check_broker)  # before the upload is received, not after
     form = await receive_multipart(request, service.incoming_dir(settings), settings.max_upload_bytes)
     try:
         upload = form.files.get("file")

@@ -62,6 +62,7 @@ def create_from_upload(
 ) -> Dataset:
     """Move a fully received upload into storage, record it, and queue its validation."""
     check_options(file_type, fmt, purpose)
+    queue.check_broker()
     settings = get_settings()
     dataset_id = new_id("ds")
     key = f"datasets/{dataset_id}/data"

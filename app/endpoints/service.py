@@ -95,6 +95,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
             f"artifact {artifact.id} is a PEFT adapter: the built-in model server of pool {pool.name!r} serves "
             "merged models (vLLM on a TPU or GPU pool serves adapters)",
         )
+    queue.check_broker()
     endpoint = Endpoint(
         id=new_id("ep"),
         owner_id=owner.id,
@@ -166,6 +167,7 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     artifact = session.get(Artifact, endpoint.artifact_id)
     if artifact is None or artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {endpoint.artifact_id} is gone", conflict=True)
+    queue.check_broker()
     _set(
         session,
         endpoint,
@@ -182,6 +184,14 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     )
     queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=endpoint.pool)
     return endpoint
+
+
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    """Endpoints that wait for a worker of their pool to start them."""
+    rows = session.exec(
+        select(Endpoint.id, Endpoint.pool, Endpoint.updated_at).where(Endpoint.status == EndpointStatus.pending)
+    ).all()
+    return [queue.Waiting(queue.START_ENDPOINT, pool, id_, since) for id_, pool, since in rows]
 
 
 def delete(session: Session, endpoint: Endpoint) -> None:

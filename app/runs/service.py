@@ -160,6 +160,7 @@ def check_fits(session: Session, data: RunCreate, pool: Pool) -> Estimate:
 def create(session: Session, owner: User, data: RunCreate) -> Run:
     pool, used = check(session, owner, data)
     est = check_fits(session, data, pool)
+    queue.check_broker()
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
@@ -188,8 +189,20 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
 
 def _enqueue(session: Session, run: Run) -> None:
     event(session, run, f"queued on pool {run.pool}")
+    run.updated_at = utcnow()
+    session.add(run)
     session.commit()
     queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
+
+
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    """Runs on no worker that wait for one: queued, or re-queued after their worker was lost."""
+    rows = session.exec(
+        select(Run.id, Run.pool, Run.updated_at, Run.heartbeat_at).where(
+            col(Run.status).in_([RunStatus.queued, RunStatus.running]), col(Run.worker).is_(None)
+        )
+    ).all()
+    return [queue.Waiting(queue.TRAIN_RUN, pool, id_, max(at, beat or at)) for id_, pool, at, beat in rows]
 
 
 def on_dataset_validated(session: Session, dataset: Dataset) -> None:
@@ -281,6 +294,7 @@ def pause(session: Session, run: Run) -> Run:
 def resume(session: Session, run: Run) -> Run:
     if run.status != RunStatus.paused:
         raise StateError(f"only a paused run can be resumed; run {run.id} is {run.status}")
+    queue.check_broker()
     # on no worker until one takes it (a queued run that names a worker was handed back by it)
     run.status, run.stop_requested, run.worker = RunStatus.queued, None, None
     session.add(run)
