@@ -221,6 +221,17 @@ def stop_server(server: Server, timeout: float = 30, keep_data: bool = False) ->
     return server.proc.returncode
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that restarts PostgreSQL runs in the PostgreSQL suite only: beside it, in CI, the SQLite
+    suite runs at the same time, and must not see the server it does not use go away."""
+    if os.environ.get("TUNEDECK_TEST_DATABASE_URL"):
+        return
+    kept = [item for item in items if item.get_closest_marker("restarts_postgres") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Server:
     srv = start_server(tmp_path_factory.mktemp("tunedeck"))

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+from sqlalchemy.exc import DBAPIError
 
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.config import get_settings
@@ -89,37 +90,75 @@ def supervise(endpoint_id: str, worker: str) -> None:
             endpoints.heartbeat(session, endpoint, _tail(server.log()))
 
 
-def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
-    scraper = Scraper(url)
-    probed_at = logged_at = 0.0
-    while True:
+class _Follower:
+    """One pass of the supervisor's loop at a time (`step`): beat, notice a stop or a death, probe."""
+
+    def __init__(self, session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
+        self.session, self.endpoint, self.server, self.url = session, endpoint, server, url
+        self.scraper = Scraper(url)
+        self.probed_at = self.logged_at = 0.0
+
+    def step(self) -> bool:
+        """False once the endpoint is over (its server died, or it was stopped)."""
+        session, endpoint, server = self.session, self.endpoint, self.server
         reason = server.exit_reason()
         if reason is not None:
             endpoints.fail(session, endpoint, reason, _tail(server.log()))
-            return
+            return False
         log = None
-        if endpoint.status == EndpointStatus.starting or time.monotonic() - logged_at >= LOG_EVERY_S:
-            log, logged_at = server.log(), time.monotonic()
+        if endpoint.status == EndpointStatus.starting or time.monotonic() - self.logged_at >= LOG_EVERY_S:
+            log, self.logged_at = server.log(), time.monotonic()
         status = endpoints.heartbeat(session, endpoint, None if log is None else _tail(log))
         if status == EndpointStatus.stopping:
             server.stop()
             endpoints.stopped(session, endpoint, _tail(server.log()))
-            return
+            return False
         if status not in (EndpointStatus.starting, EndpointStatus.ready):
-            return  # failed or stopped from elsewhere
-        if status == EndpointStatus.ready and time.monotonic() - probed_at >= get_settings().probe_seconds:
-            probed_at = time.monotonic()
-            _probe(session, endpoint, url, scraper)
+            return False  # failed or stopped from elsewhere
+        if status == EndpointStatus.ready and time.monotonic() - self.probed_at >= get_settings().probe_seconds:
+            self.probed_at = time.monotonic()
+            _probe(session, endpoint, self.url, self.scraper)
         if status == EndpointStatus.starting:
-            phases = [p for p in map(server.phase_of, log.splitlines()) if p]
+            phases = [p for p in map(server.phase_of, (log or "").splitlines()) if p]
             if phases and phases[-1] != endpoint.phase:
                 endpoints.phase(session, endpoint, phases[-1])
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    endpoints.ready(session, endpoint, url)
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    endpoints.ready(session, endpoint, self.url)
             except httpx.HTTPError:
                 pass
+        return True
+
+
+def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
+    """Follow the endpoint until it is over. The database going away for a while (a restart, a
+    failover) does not end it: the model server keeps serving while the supervisor retries with
+    backoff, up to the stale bound (past it, the pool's workers count this host as lost anyway)."""
+    follower = _Follower(session, endpoint, server, url)
+    outage_since: float | None = None
+    backoff = POLL_S
+    while True:
+        try:
+            if not follower.step():
+                return
+            outage_since, backoff = None, POLL_S
+        except DBAPIError as exc:
+            _rollback(session)
+            outage_since = outage_since or time.monotonic()
+            if time.monotonic() - outage_since > get_settings().stale_seconds:
+                raise
+            print(f"database unreachable, retrying in {backoff:.1f}s: {exc.orig!r}", file=sys.stderr, flush=True)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            continue
         time.sleep(POLL_S)
+
+
+def _rollback(session) -> None:
+    try:
+        session.rollback()
+    except DBAPIError:
+        pass  # the connection is gone: the next use takes a fresh one
 
 
 def _tail(text: str) -> str:

@@ -6,6 +6,8 @@ bad requests are named."""
 import os
 import signal
 import socket
+import subprocess
+import time
 from urllib.parse import urlparse
 
 import psutil
@@ -217,3 +219,29 @@ def test_endpoints_of_a_lost_host_end_on_the_next_beat(server, api, artifact):
     workers = api.get("/api/v1/pools/cpu").json()["workers"]
     assert any(w["online"] for w in workers), "the worker's heartbeat goes on"
     server.sql("DELETE FROM endpoints WHERE id LIKE 'ep-lost-%'")
+
+
+@pytest.mark.restarts_postgres
+def test_a_database_restart_leaves_a_ready_endpoint_serving(server, api, artifact):
+    """PostgreSQL stops for a few seconds and comes back (a restart, a failover) under a ready
+    endpoint: its supervisor waits for it, the endpoint stays ready, and the same model server answers."""
+    endpoint = deploy(server, api, artifact)
+    assert endpoint["status"] == "ready", endpoint["error"]
+    proc = model_server(endpoint)
+    cluster = ["pg_ctlcluster", "--skip-systemctl-redirect", sorted(os.listdir("/etc/postgresql"))[0], "main"]
+    subprocess.run([*cluster, "stop", "-m", "fast"], check=True)
+    try:
+        time.sleep(6)  # several of the supervisor's beats fail
+    finally:
+        subprocess.run([*cluster, "start"], check=True)
+    gateway = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.admin_token)
+    reply = gateway.chat.completions.create(
+        model=artifact["name"], messages=[{"role": "user", "content": "still there?"}], max_tokens=4
+    )
+    assert reply.usage.completion_tokens >= 1
+    time.sleep(2)  # the supervisor's beats go on
+    after = api.get(f"/api/v1/endpoints/{endpoint['id']}").json()
+    assert after["status"] == "ready", after["error"]
+    assert proc.is_running() and model_server(after).pid == proc.pid
+    assert api.post(f"/api/v1/endpoints/{endpoint['id']}/stop").json()["status"] == "stopping"
+    wait_endpoint(server, api, endpoint["id"], ("stopped",), timeout=60)
