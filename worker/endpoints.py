@@ -26,7 +26,7 @@ from app.endpoints.models import Endpoint, EndpointStatus
 from app.pools.models import Pool
 from app.runs.models import Run
 from worker import runtimes
-from worker.probe import Scraper, probe
+from worker.probe import Scraper, auth, probe
 from worker.runs import base_model_dir
 
 POLL_S = 0.5
@@ -90,7 +90,7 @@ def supervise(endpoint_id: str, worker: str) -> None:
 
 
 def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
-    scraper = Scraper(url)
+    scraper = Scraper(url, endpoint.api_key)
     probed_at = logged_at = 0.0
     while True:
         reason = server.exit_reason()
@@ -115,7 +115,7 @@ def _follow(session, endpoint: Endpoint, server: runtimes.ModelServer, url: str)
             if phases and phases[-1] != endpoint.phase:
                 endpoints.phase(session, endpoint, phases[-1])
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/health", headers=auth(endpoint.api_key), timeout=1).status_code == 200:
                     endpoints.ready(session, endpoint, url)
             except httpx.HTTPError:
                 pass
@@ -128,7 +128,7 @@ def _tail(text: str) -> str:
 
 def _probe(session, endpoint: Endpoint, url: str, scraper: Scraper) -> None:
     """A probe request, then a scrape of /metrics (which so counts the probe too), as one sample."""
-    sample = probe(url, endpoint.model)
+    sample = probe(url, endpoint.model, endpoint.api_key)
     try:
         sample |= scraper()
     except httpx.HTTPError as exc:

@@ -14,6 +14,7 @@ silent leaves its endpoints ``failed`` (``fail_stale``): its model server went w
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
@@ -172,6 +173,7 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
         EndpointStatus.pending,
         phase=None,
         url=None,
+        api_key=None,
         error=None,
         worker=None,
         pid=None,
@@ -217,6 +219,7 @@ def start(session: Session, endpoint_id: str, worker: str, pid: int) -> Endpoint
         endpoint,
         status=EndpointStatus.starting,
         phase="loading",
+        api_key=secrets.token_urlsafe(32),  # its model server's key, new at each start
         worker=worker,
         pid=pid,
         heartbeat_at=now,

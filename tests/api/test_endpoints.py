@@ -1,13 +1,14 @@
 """Endpoints: a merged artifact deployed on the cpu pool reaches `ready` and answers the OpenAI SDK,
-straight and through Tunedeck's authenticated gateway (which records each request's TTFT and tokens);
-a model server that dies is noticed with its exit reason; stopping frees the process and its port;
-bad requests are named."""
+straight with the model server's own key (and to no one without it) and through Tunedeck's
+authenticated gateway (which records each request's TTFT and tokens); a model server that dies is
+noticed with its exit reason; stopping frees the process and its port; bad requests are named."""
 
 import os
 import signal
 import socket
 from urllib.parse import urlparse
 
+import httpx
 import psutil
 import pytest
 from openai import AuthenticationError, NotFoundError, OpenAI
@@ -45,7 +46,22 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert endpoint["status"] == "ready", (endpoint["error"], server.log()[-3000:])
     assert endpoint["ready_at"] and endpoint["phase"] is None
 
-    client = OpenAI(base_url=endpoint["url"] + "/v1", api_key="unused")
+    # The model server answers only the bearer of its key, which it was given in its environment (not on
+    # its command line, which any user of the host can read). Without it, it refuses as vLLM refuses.
+    proc = model_server(endpoint)
+    key = proc.environ().get("VLLM_API_KEY")
+    assert key and len(key) >= 32 and key not in " ".join(proc.cmdline())
+    stranger = OpenAI(base_url=endpoint["url"] + "/v1", api_key="td_wrong", max_retries=0)
+    with pytest.raises(AuthenticationError):
+        stranger.models.list()
+    with pytest.raises(AuthenticationError):
+        stranger.chat.completions.create(model=artifact["name"], messages=[{"role": "user", "content": "hi"}])
+    refused = httpx.post(f"{endpoint['url']}/v1/completions", json={"model": artifact["name"], "prompt": "hi"})
+    assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+    assert httpx.get(f"{endpoint['url']}/metrics").status_code == 401
+    assert httpx.get(f"{endpoint['url']}/health").status_code == 200  # liveness stays open, as vLLM's
+
+    client = OpenAI(base_url=endpoint["url"] + "/v1", api_key=key)
     assert [m.id for m in client.models.list()] == [artifact["name"]]
     chunks = list(
         client.chat.completions.create(
@@ -101,7 +117,7 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert sorted(s["output_tokens"] for s in samples if s is not chat) == [3, 3]
 
     # A client that leaves mid-reply: the gateway lets the model server know, which stops generating.
-    generated = metric(endpoint["url"], "vllm:generation_tokens_total")
+    generated = metric(endpoint["url"], "vllm:generation_tokens_total", key)
     long = 200
     stream = gateway.chat.completions.create(
         model=artifact["name"],
@@ -112,8 +128,10 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     )
     next(iter(stream))
     stream.close()
-    server.wait_for(lambda: metric(endpoint["url"], "vllm:num_requests_running") == 0, timeout=10, what="the abort")
-    assert metric(endpoint["url"], "vllm:generation_tokens_total") - generated < long / 2
+    server.wait_for(
+        lambda: metric(endpoint["url"], "vllm:num_requests_running", key) == 0, timeout=10, what="the abort"
+    )
+    assert metric(endpoint["url"], "vllm:generation_tokens_total", key) - generated < long / 2
 
     # The prober (every second here) times a small request and scrapes vLLM's metrics.
     def scraped_twice():
