@@ -109,7 +109,7 @@ class EndpointPublic(SQLModel):
     status: EndpointStatus
     phase: str | None
     settings: dict[str, Any]
-    url: str | None
+    url: str | None = Field(description="where its model server listens: shown to admins only (null for others)")
     error: str | None
     attempts: int
     created_at: datetime

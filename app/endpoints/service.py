@@ -55,8 +55,13 @@ def cost_usd(session: Session, endpoint: Endpoint) -> float:
     return max(0.0, (end - endpoint.started_at).total_seconds()) / 3600 * pool.chips * pool.price_per_chip_hour
 
 
-def to_public(session: Session, endpoint: Endpoint) -> EndpointPublic:
-    return EndpointPublic.model_validate(endpoint, update={"cost_usd": round(cost_usd(session, endpoint), 6)})
+def to_public(session: Session, endpoint: Endpoint, viewer: User) -> EndpointPublic:
+    """The endpoint as ``viewer`` sees it: where its model server listens is for admins only (the others
+    call it through the gateway)."""
+    update = {"cost_usd": round(cost_usd(session, endpoint), 6)}
+    if not viewer.is_admin:
+        update["url"] = None
+    return EndpointPublic.model_validate(endpoint, update=update)
 
 
 def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:
