@@ -126,13 +126,13 @@ def _span(cores: list[int]) -> str:
     return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
 
 
-def start_relay(upstream: str) -> tuple[subprocess.Popen, str]:
-    """bench/relay.py in its own uvicorn, forwarding to ``upstream``: (its process, its URL)."""
+def start_relay(upstream: str, api_key: str) -> tuple[subprocess.Popen, str]:
+    """bench/relay.py in its own uvicorn, forwarding to ``upstream`` with its key: (its process, its URL)."""
     port = 18000 + random.randrange(1000)
     relay = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "bench.relay:app", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT,
-        env={**os.environ, "UPSTREAM": upstream},
+        env={**os.environ, "UPSTREAM": upstream, "UPSTREAM_API_KEY": api_key},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -176,13 +176,17 @@ def main(argv: list[str] | None = None) -> int:
         if endpoint["status"] != "ready":
             raise SystemExit(f"the endpoint failed: {endpoint['error']}")
         print(f"trained, merged and deployed the tiny model in {time.perf_counter() - t0:.0f}s ({data_dir})")
-        relay, relay_url = start_relay(endpoint["url"])
+        procs = processes(psutil.Process(server.pid), endpoint)
+        # the model server's key, from its environment (this user's process): the direct side sends it, as
+        # the gateway and the relay do
+        key = procs["model server"].environ()["VLLM_API_KEY"]
+        relay, relay_url = start_relay(endpoint["url"], key)
 
         rng = random.Random(0)
         words = [[rng.choice(WORDS) for _ in range(rng.randint(8, 40))] for _ in range(args.requests)]
         prompts = [{"prompt": " ".join(w)} for w in words]
         sides = {
-            "direct": (endpoint["url"], None),
+            "direct": (endpoint["url"], {"Authorization": f"Bearer {key}"}),
             "gateway": (base, {"Authorization": f"Bearer {token}"}),
             "relay": (relay_url, None),
         }
@@ -202,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
             for concurrency in levels:
                 level(side, concurrency)
 
-        procs = processes(psutil.Process(server.pid), endpoint)
         if args.cores == "split":
             print(split_cores(psutil.Process(server.pid), psutil.Process(relay.pid), procs["model server"]))
         else:

@@ -255,17 +255,24 @@ def make_user(server: Server, username: str | None = None) -> tuple[str, str, st
     return username, password, _token_for(server, username, password)
 
 
+def login(server: Server, username: str, password: str) -> httpx.Client:
+    """A client logged in through the dashboard's form (its session cookie), as a browser is."""
+    browser = httpx.Client(base_url=server.base_url, follow_redirects=False, timeout=30)
+    server._clients.append(browser)
+    csrf = _csrf_from(browser.get("/login").text)
+    r = browser.post("/login", data={"username": username, "password": password, "csrf_token": csrf, "next": "/"})
+    assert r.status_code == 303, r.text
+    return browser
+
+
 def _token_for(server: Server, username: str, password: str) -> str:
     """Log in through the dashboard's form and mint a token with the session cookie."""
-    with httpx.Client(base_url=server.base_url, follow_redirects=False) as browser:
-        page = browser.get("/login")
-        csrf = _csrf_from(page.text)
-        r = browser.post("/login", data={"username": username, "password": password, "csrf_token": csrf, "next": "/"})
-        assert r.status_code == 303, r.text
-        csrf = _csrf_from(browser.get("/settings/tokens").text)
-        r = browser.post("/api/v1/tokens", json={"name": "tests"}, headers={"X-CSRF-Token": csrf})
-        assert r.status_code == 201, r.text
-        return r.json()["token"]
+    browser = login(server, username, password)
+    csrf = _csrf_from(browser.get("/settings/tokens").text)
+    r = browser.post("/api/v1/tokens", json={"name": "tests"}, headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 201, r.text
+    browser.close()
+    return r.json()["token"]
 
 
 def _csrf_from(html: str) -> str:

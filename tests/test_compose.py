@@ -57,6 +57,22 @@ def test_workers_name_their_pool():
             assert f"{pool}@$$HOSTNAME" in " ".join(svc["healthcheck"]["test"])
 
 
+def test_workers_model_servers_are_reachable_from_the_web_service():
+    """A worker's model servers bind TUNEDECK_SERVE_HOST, and the web service's gateway calls them there:
+    on the compose network that is the worker service's own name (127.0.0.1, the default, is the
+    worker's container itself, which the web container cannot reach)."""
+    services = _compose()["services"]
+    workers = {name: svc for name, svc in services.items() if name.startswith("worker-")}
+    assert workers
+    for name, svc in workers.items():
+        assert svc.get("network_mode") is None, f"{name}: on the compose network, reachable by its name"
+        serve_host = svc["environment"].get("TUNEDECK_SERVE_HOST")
+        assert serve_host is not None and serve_host in (name, svc.get("hostname")), (
+            f"{name}: TUNEDECK_SERVE_HOST must be the service's name on the compose network"
+        )
+    assert "TUNEDECK_SERVE_HOST" not in services["web"]["environment"]
+
+
 def test_environment_matches_settings():
     fields = set(Settings.model_fields)
     for name, svc in _compose()["services"].items():

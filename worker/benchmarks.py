@@ -8,6 +8,8 @@ to the endpoint's model server from its host, level by level, measured as `vllm 
 Its client is aiohttp's, as vLLM's: at 16 streams and more, httpx's own time per chunk adds
 milliseconds to what the client sees.
 
+Requests carry the model server's key, as the gateway's do.
+
 Prompts are random token ids of ``input_len`` decoded with the model's own tokenizer (vLLM's random
 dataset), or a dataset's conversations up to their last reply (sent as chat). Replies go on to
 ``output_len`` tokens (``ignore_eos``). In ``rate`` mode requests arrive as a Poisson process.
@@ -33,6 +35,7 @@ from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.datasets.validation import iter_conversations
 from app.endpoints.models import Endpoint
+from worker.probe import auth
 
 PROGRESS_EVERY_S = 0.5
 MAX_ERRORS = 3
@@ -69,6 +72,7 @@ def execute(benchmark_id: str) -> None:
                         request_rate=value if kind == "request_rate" else None,
                         seed=config["seed"],
                         on_request=progress,
+                        headers=auth(endpoint.api_key),
                     )
                 )
                 done += len(prompts)

@@ -27,7 +27,7 @@ from app.endpoints.models import Endpoint, EndpointStatus
 from app.pools.models import Pool
 from app.runs.models import Run
 from worker import runtimes
-from worker.probe import Scraper, probe
+from worker.probe import Scraper, auth, probe
 from worker.runs import base_model_dir
 
 POLL_S = 0.5
@@ -95,7 +95,7 @@ class _Follower:
 
     def __init__(self, session, endpoint: Endpoint, server: runtimes.ModelServer, url: str) -> None:
         self.session, self.endpoint, self.server, self.url = session, endpoint, server, url
-        self.scraper = Scraper(url)
+        self.scraper = Scraper(url, endpoint.api_key)
         self.probed_at = self.logged_at = 0.0
 
     def step(self) -> bool:
@@ -123,7 +123,7 @@ class _Follower:
             if phases and phases[-1] != endpoint.phase:
                 endpoints.phase(session, endpoint, phases[-1])
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/health", headers=auth(endpoint.api_key), timeout=1).status_code == 200:
                     endpoints.ready(session, endpoint, self.url)
             except httpx.HTTPError:
                 pass
@@ -167,7 +167,7 @@ def _tail(text: str) -> str:
 
 def _probe(session, endpoint: Endpoint, url: str, scraper: Scraper) -> None:
     """A probe request, then a scrape of /metrics (which so counts the probe too), as one sample."""
-    sample = probe(url, endpoint.model)
+    sample = probe(url, endpoint.model, endpoint.api_key)
     try:
         sample |= scraper()
     except httpx.HTTPError as exc:

@@ -3,7 +3,8 @@
 ``probe`` sends one small streaming completion and times it the way ``vllm bench serve`` does: TTFT
 from sending to the first chunk with text, then the output tokens and the whole duration. ``scrape``
 reads ``/metrics``; ``Scraper`` turns two scrapes into rates (mean server-side TTFT and generated
-tokens per second since the last one). Both work on any server that speaks vLLM's API.
+tokens per second since the last one). Both work on any server that speaks vLLM's API, and send the
+model server's key (``Authorization: Bearer``) when given one.
 """
 
 import json
@@ -16,7 +17,12 @@ PROBE_PROMPT = "Count to five:"
 PROBE_TOKENS = 16
 
 
-def probe(url: str, model: str, timeout: float = 60.0) -> dict:
+def auth(api_key: str | None) -> dict[str, str]:
+    """The headers that carry a model server's key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def probe(url: str, model: str, api_key: str | None = None, timeout: float = 60.0) -> dict:
     body = {
         "model": model,
         "prompt": PROBE_PROMPT,
@@ -28,7 +34,7 @@ def probe(url: str, model: str, timeout: float = 60.0) -> dict:
     start = time.perf_counter()
     ttft, tokens, code, error = None, 0, 0, None
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as r:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=auth(api_key), timeout=timeout) as r:
             code = r.status_code
             for line in r.iter_lines():
                 if not line.startswith("data: {"):
@@ -51,9 +57,11 @@ def probe(url: str, model: str, timeout: float = 60.0) -> dict:
     }
 
 
-def scrape(url: str) -> dict[str, float]:
+def scrape(url: str, api_key: str | None = None) -> dict[str, float]:
     """The server's metrics, summed over labels: {sample name: value}."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    r = httpx.get(f"{url}/metrics", headers=auth(api_key), timeout=5)
+    r.raise_for_status()
+    text = r.text
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -64,12 +72,13 @@ def scrape(url: str) -> dict[str, float]:
 class Scraper:
     """Rates between consecutive scrapes of one server."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, api_key: str | None = None) -> None:
         self.url = url
+        self.api_key = api_key
         self.last: tuple[float, dict[str, float]] | None = None
 
     def __call__(self) -> dict:
-        now, values = time.monotonic(), scrape(self.url)
+        now, values = time.monotonic(), scrape(self.url, self.api_key)
         out = {
             "running": int(values.get("vllm:num_requests_running", 0)),
             "waiting": int(values.get("vllm:num_requests_waiting", 0)),

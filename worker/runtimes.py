@@ -12,6 +12,7 @@ it has got) and ``stop``.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -62,14 +63,22 @@ def _last_line(text: str, skip: str | None = None) -> str:
     return lines[-1][:500] if lines else "(no output)"
 
 
+def _key(endpoint: Endpoint) -> str:
+    if not endpoint.api_key:
+        raise ValueError(f"endpoint {endpoint.id} has no key: its model server is started with one (endpoints.start)")
+    return endpoint.api_key
+
+
 class LocalServer:
-    """The built-in model server as a child of the supervisor, its output in ``log``."""
+    """The built-in model server as a child of the supervisor, its output in ``log``. Its key goes in its
+    environment (``VLLM_API_KEY``, as for vLLM), which only its user can read, not on its command line."""
 
     def __init__(self, endpoint: Endpoint, artifact: Artifact, *, host: str, port: int, log: Path) -> None:
         self.command = [sys.executable, "-m", "worker.serve", "--model", artifact.path]
         self.command += ["--served-model-name", endpoint.model, "--host", host, "--port", str(port)]
         self.command += ["--max-model-len", str(endpoint.settings["max_model_len"])]
         self.command += ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])]
+        self.env = {**os.environ, "VLLM_API_KEY": _key(endpoint)}
         self.path = log
         self.child: subprocess.Popen | None = None
 
@@ -81,6 +90,7 @@ class LocalServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=self.env,
                 preexec_fn=processes.die_with_parent,
             )
 
@@ -112,7 +122,9 @@ def container_spec(
 
     A merged artifact is served as it is; an adapter is served on its base (``base_dir``) with
     ``--enable-lora``, under the endpoint's model name. The compile caches live in a volume under the
-    data dir, so a restart does not compile again (a cold start of 31B compiles for about 10 minutes)."""
+    data dir, so a restart does not compile again (a cold start of 31B compiles for about 10 minutes).
+    The endpoint's key is ``VLLM_API_KEY`` (vLLM reads it when no ``--api-key`` is given): not in the
+    command, which ``ps`` on the host and vLLM's own log of its arguments would show."""
     settings = get_settings()
     tpu = endpoint.runtime == Runtime.vllm_tpu
     cache = settings.data_dir / "cache" / "vllm"
@@ -145,6 +157,7 @@ def container_spec(
         "HF_HOME": f"{CONTAINER_CACHE}/huggingface",
         "VLLM_XLA_CACHE_PATH": f"{CONTAINER_CACHE}/vllm-xla",
         "JAX_COMPILATION_CACHE_DIR": f"{CONTAINER_CACHE}/jax",
+        "VLLM_API_KEY": _key(endpoint),
     }
     if tpu and artifact.kind == ArtifactKind.adapter:
         environment["MODEL_IMPL_TYPE"] = "vllm"  # LoRA runs on vLLM's PyTorch model path on TPU

@@ -1,9 +1,12 @@
 """The gateway: Tunedeck's own `/v1/models`, `/v1/chat/completions` and `/v1/completions`,
 authenticated with Tunedeck tokens and routed by `model` to the caller's ready endpoint serving it.
 
-Replies stream through as the model server sends them, chunk by chunk, never buffered. Each request
-becomes a sample (time to first token, output tokens, duration, errors) once its response is done:
-the endpoint's passive metrics, from real traffic.
+It calls the model server with the endpoint's key: each model server answers only the bearer of its
+own key (worker/serve/server.py; vLLM's VLLM_API_KEY), and one that refuses it (its port now another's,
+or a restart gave it a new key) makes the gateway look the model's endpoint up again. Replies stream
+through as the model server sends them, chunk by chunk, never buffered. Each request becomes a sample
+(time to first token, output tokens, duration, errors) once its response is done: the endpoint's
+passive metrics, from real traffic.
 
 What the gateway adds to time to first token is kept near a millisecond, and its CPU per request
 near that of a bare uvicorn + aiohttp relay (bench/gateway.py): a token seen in the last seconds needs
@@ -114,8 +117,7 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
         if endpoint is None:
             return await _refuse(404, f"The model `{model}` is not deployed: {_DEPLOY_IT}", receive, send)
         try:
-            response = await _upstream().post(endpoint.url + path, data=body, headers=_JSON)
-            break
+            response = await _upstream().post(endpoint.url + path, data=body, headers=_headers(endpoint))
         except aiohttp.ClientError as exc:
             if attempt == 1:  # the remembered endpoint may have gone, or restarted: ask the database again
                 endpoint = await _serving(user, model, fresh=True)
@@ -123,6 +125,16 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
             stats.error = f"the model server is unreachable: {exc}"
             _record(endpoint.id, stats, 502)
             return await _refuse(502, stats.error, receive, send)
+        if response.status != 401:
+            break
+        # Not this endpoint's model server any more (another took its port, or it restarted with a new key)
+        response.release()
+        if attempt == 1:
+            endpoint = await _serving(user, model, fresh=True)
+            continue
+        stats.error = "the model server refused the endpoint's key"
+        _record(endpoint.id, stats, 502)
+        return await _refuse(502, stats.error, receive, send)
 
     finished = False
 
@@ -158,7 +170,12 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
     return response.status
 
 
-_JSON = {"content-type": "application/json"}
+def _headers(endpoint: Endpoint) -> dict[str, str]:
+    if endpoint.api_key is None:  # started before model servers had keys
+        return {"content-type": "application/json"}
+    return {"content-type": "application/json", "authorization": f"Bearer {endpoint.api_key}"}
+
+
 _DEPLOY_IT = "deploy its artifact (POST /api/v1/endpoints) and wait for ready"
 
 

@@ -39,6 +39,9 @@ class Endpoint(SQLModel, table=True):
     phase: str | None = Field(default=None, max_length=32)  # loading, compiling, ... while starting
     settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     url: str | None = Field(default=None, max_length=255)  # the model server's base URL once started
+    # The model server's bearer key, new at each start: only the gateway, the probes and benchmarks send it
+    # (never in a public schema; the server answers no one else)
+    api_key: str | None = Field(default=None, max_length=64)
     worker: str | None = Field(default=None, max_length=255)
     pid: int | None = None  # the endpoint's supervisor process on the worker's host
     heartbeat_at: datetime | None = None
@@ -106,7 +109,7 @@ class EndpointPublic(SQLModel):
     status: EndpointStatus
     phase: str | None
     settings: dict[str, Any]
-    url: str | None
+    url: str | None = Field(description="where its model server listens: shown to admins only (null for others)")
     error: str | None
     attempts: int
     created_at: datetime

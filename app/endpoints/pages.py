@@ -19,5 +19,5 @@ def endpoints_page(request: Request, user: WebUser):
 @router.get("/endpoints/{endpoint_id}")
 def endpoint_page(endpoint_id: str, request: Request, session: SessionDep, user: WebUser):
     endpoint = errors.found(service.get(session, user, endpoint_id), "endpoint", endpoint_id)
-    public = service.to_public(session, endpoint).model_dump(mode="json")
+    public = service.to_public(session, endpoint, user).model_dump(mode="json")
     return render(request, "endpoints/detail.html", user, endpoint=public)

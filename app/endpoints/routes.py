@@ -29,7 +29,7 @@ def _fingerprint(e: dict) -> tuple:
 def create_endpoint(data: EndpointCreate, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Deploy a merged artifact on a pool: a worker of the pool starts its model server."""
     try:
-        return service.to_public(session, service.create(session, user, data))
+        return service.to_public(session, service.create(session, user, data), user)
     except service.EndpointError as exc:
         raise errors.answer(exc) from exc
 
@@ -48,7 +48,9 @@ def list_endpoints(
 
     def listed(s) -> dict:
         rows = service.list_endpoints(s, user, artifact_id=artifact_id, limit=limit, offset=offset)
-        return EndpointsPublic(data=[service.to_public(s, e) for e in rows], count=len(rows)).model_dump(mode="json")
+        return EndpointsPublic(data=[service.to_public(s, e, user) for e in rows], count=len(rows)).model_dump(
+            mode="json"
+        )
 
     if not watch_:
         return listed(session)
@@ -66,11 +68,11 @@ def get_endpoint(
 ):
     endpoint = _get(session, user, endpoint_id)
     if not watch_:
-        return service.to_public(session, endpoint)
+        return service.to_public(session, endpoint, user)
 
     def load(s):
         current = service.get(s, user, endpoint_id)
-        return None if current is None else service.to_public(s, current).model_dump(mode="json")
+        return None if current is None else service.to_public(s, current, user).model_dump(mode="json")
 
     return watch_body(request, load, _fingerprint)
 
@@ -90,14 +92,14 @@ def endpoint_samples(
 @router.post("/{endpoint_id}/stop", response_model=EndpointPublic)
 def stop_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Stop serving: the model server's process ends and its port is freed."""
-    return service.to_public(session, service.request_stop(session, _get(session, user, endpoint_id)))
+    return service.to_public(session, service.request_stop(session, _get(session, user, endpoint_id)), user)
 
 
 @router.post("/{endpoint_id}/restart", response_model=EndpointPublic)
 def restart_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Start a failed or stopped endpoint again, as it was deployed (409 while it is active)."""
     try:
-        return service.to_public(session, service.restart(session, _get(session, user, endpoint_id)))
+        return service.to_public(session, service.restart(session, _get(session, user, endpoint_id)), user)
     except service.EndpointError as exc:
         raise errors.answer(exc) from exc
 

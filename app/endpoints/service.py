@@ -14,6 +14,7 @@ silent leaves its endpoints ``failed`` (``fail_stale``): its model server went w
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
@@ -54,8 +55,13 @@ def cost_usd(session: Session, endpoint: Endpoint) -> float:
     return max(0.0, (end - endpoint.started_at).total_seconds()) / 3600 * pool.chips * pool.price_per_chip_hour
 
 
-def to_public(session: Session, endpoint: Endpoint) -> EndpointPublic:
-    return EndpointPublic.model_validate(endpoint, update={"cost_usd": round(cost_usd(session, endpoint), 6)})
+def to_public(session: Session, endpoint: Endpoint, viewer: User) -> EndpointPublic:
+    """The endpoint as ``viewer`` sees it: where its model server listens is for admins only (the others
+    call it through the gateway)."""
+    update = {"cost_usd": round(cost_usd(session, endpoint), 6)}
+    if not viewer.is_admin:
+        update["url"] = None
+    return EndpointPublic.model_validate(endpoint, update=update)
 
 
 def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:
@@ -174,6 +180,7 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
         EndpointStatus.pending,
         phase=None,
         url=None,
+        api_key=None,
         error=None,
         worker=None,
         pid=None,
@@ -227,6 +234,7 @@ def start(session: Session, endpoint_id: str, worker: str, pid: int) -> Endpoint
         endpoint,
         status=EndpointStatus.starting,
         phase="loading",
+        api_key=secrets.token_urlsafe(32),  # its model server's key, new at each start
         worker=worker,
         pid=pid,
         heartbeat_at=now,

@@ -1,8 +1,10 @@
 """Endpoints: a merged artifact deployed on the cpu pool reaches `ready` and answers the OpenAI SDK,
-straight and through Tunedeck's authenticated gateway (which records each request's TTFT and tokens);
-a model server that dies is noticed with its exit reason; stopping frees the process and its port;
-bad requests are named."""
+straight with the model server's own key (and to no one without it) and through Tunedeck's
+authenticated gateway (which records each request's TTFT and tokens); a model server that dies is
+noticed with its exit reason; stopping frees the process and its port; only admins see where a model
+server listens; bad requests are named."""
 
+import json
 import os
 import signal
 import socket
@@ -10,10 +12,16 @@ import subprocess
 import time
 from urllib.parse import urlparse
 
+import httpx
 import psutil
 import pytest
+import sqlalchemy as sa
 from openai import AuthenticationError, NotFoundError, OpenAI
+from sqlmodel import Session
 
+from app.endpoints.models import EndpointStatus, Runtime
+from app.models import Endpoint  # with every table, so that the row's foreign keys resolve
+from tests.conftest import login, make_user
 from tests.serve.test_model_server import metric
 
 
@@ -47,7 +55,22 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert endpoint["status"] == "ready", (endpoint["error"], server.log()[-3000:])
     assert endpoint["ready_at"] and endpoint["phase"] is None
 
-    client = OpenAI(base_url=endpoint["url"] + "/v1", api_key="unused")
+    # The model server answers only the bearer of its key, which it was given in its environment (not on
+    # its command line, which any user of the host can read). Without it, it refuses as vLLM refuses.
+    proc = model_server(endpoint)
+    key = proc.environ().get("VLLM_API_KEY")
+    assert key and len(key) >= 32 and key not in " ".join(proc.cmdline())
+    stranger = OpenAI(base_url=endpoint["url"] + "/v1", api_key="td_wrong", max_retries=0)
+    with pytest.raises(AuthenticationError):
+        stranger.models.list()
+    with pytest.raises(AuthenticationError):
+        stranger.chat.completions.create(model=artifact["name"], messages=[{"role": "user", "content": "hi"}])
+    refused = httpx.post(f"{endpoint['url']}/v1/completions", json={"model": artifact["name"], "prompt": "hi"})
+    assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+    assert httpx.get(f"{endpoint['url']}/metrics").status_code == 401
+    assert httpx.get(f"{endpoint['url']}/health").status_code == 200  # liveness stays open, as vLLM's
+
+    client = OpenAI(base_url=endpoint["url"] + "/v1", api_key=key)
     assert [m.id for m in client.models.list()] == [artifact["name"]]
     chunks = list(
         client.chat.completions.create(
@@ -103,7 +126,7 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert sorted(s["output_tokens"] for s in samples if s is not chat) == [3, 3]
 
     # A client that leaves mid-reply: the gateway lets the model server know, which stops generating.
-    generated = metric(endpoint["url"], "vllm:generation_tokens_total")
+    generated = metric(endpoint["url"], "vllm:generation_tokens_total", key)
     long = 200
     stream = gateway.chat.completions.create(
         model=artifact["name"],
@@ -114,8 +137,10 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     )
     next(iter(stream))
     stream.close()
-    server.wait_for(lambda: metric(endpoint["url"], "vllm:num_requests_running") == 0, timeout=10, what="the abort")
-    assert metric(endpoint["url"], "vllm:generation_tokens_total") - generated < long / 2
+    server.wait_for(
+        lambda: metric(endpoint["url"], "vllm:num_requests_running", key) == 0, timeout=10, what="the abort"
+    )
+    assert metric(endpoint["url"], "vllm:generation_tokens_total", key) - generated < long / 2
 
     # The prober (every second here) times a small request and scrapes vLLM's metrics.
     def scraped_twice():
@@ -171,6 +196,44 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     listed = api.get("/api/v1/endpoints", params={"artifact_id": artifact["id"]}).json()["data"]
     assert endpoint["id"] in [e["id"] for e in listed] and second["id"] not in [e["id"] for e in listed]
     assert {e["artifact_id"] for e in listed} == {artifact["id"]}  # other tests deploy it too
+
+
+def test_only_admins_see_where_a_model_server_listens(server, api, artifact):
+    """A member's endpoint shows no model server address: not in the API (one, the list, the live
+    stream) nor on its page. The row is made in the database (a deploy of the member's own would train,
+    merge and start a model server only to be looked at); the admin's own endpoints show their url
+    (test_deploy_chat_kill_and_stop)."""
+    username, password, token = make_user(server)
+    member = server.client(token)
+    url = "http://10.7.0.3:39123"
+    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
+    with Session(engine) as s:
+        row = Endpoint(
+            id=f"ep-member-{username[-8:]}",
+            owner_id=member.get("/api/v1/users/me").json()["id"],
+            artifact_id=artifact["id"],
+            model=artifact["name"],
+            pool="cpu",
+            runtime=Runtime.local,
+            status=EndpointStatus.stopped,
+            settings={"max_model_len": 256, "max_num_seqs": 4},
+            url=url,
+        )
+        s.add(row)
+        s.commit()
+        endpoint_id = row.id
+    engine.dispose()
+
+    one = member.get(f"/api/v1/endpoints/{endpoint_id}")
+    assert one.status_code == 200 and one.json()["url"] is None, one.text
+    (listed,) = member.get("/api/v1/endpoints").json()["data"]
+    assert listed["id"] == endpoint_id and listed["url"] is None
+    with member.stream("GET", f"/api/v1/endpoints/{endpoint_id}", params={"watch": "true"}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data:"))
+    assert json.loads(first[5:])["url"] is None
+    page = login(server, username, password).get(f"/endpoints/{endpoint_id}")
+    assert page.status_code == 200 and endpoint_id in page.text and "10.7.0.3" not in page.text
+    assert member.delete(f"/api/v1/endpoints/{endpoint_id}").status_code == 204
 
 
 def test_bad_deploy_requests_are_named(api, artifact):

@@ -56,6 +56,7 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         pool=pool.name,
         runtime=Runtime.vllm_tpu,
         settings={"max_model_len": 16384, "max_num_seqs": 64},
+        api_key="key-of-ep-31b",
     )
     spec = container_spec(endpoint, artifact, pool, host="10.0.0.7", port=8101)
     cache = str(settings.data_dir / "cache" / "vllm")
@@ -83,6 +84,9 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
             "VLLM_XLA_CACHE_PATH": "/cache/vllm-xla",
             "JAX_COMPILATION_CACHE_DIR": "/cache/jax",
             "HF_TOKEN": "hf_secret",
+            # vLLM answers /v1 (and, in newer releases, /metrics) only with this bearer; given in the
+            # environment, not as --api-key, so that it is in neither `ps` nor vLLM's log of its arguments
+            "VLLM_API_KEY": "key-of-ep-31b",
         },
         "volumes": {
             cache: {"bind": "/cache", "mode": "rw"},
@@ -117,6 +121,7 @@ def test_vllm_gpu_container_serves_an_adapter_on_its_base(settings):
         pool=pool.name,
         runtime=Runtime.vllm_gpu,
         settings={"max_model_len": 2048, "max_num_seqs": 8},
+        api_key="key-of-ep-lora",
     )
     spec = container_spec(endpoint, artifact, pool, host="127.0.0.1", port=9000, base_dir="/data/models/gemma4")
     assert spec["image"] == "vllm/vllm-openai:latest"
@@ -132,6 +137,7 @@ def test_vllm_gpu_container_serves_an_adapter_on_its_base(settings):
     assert spec["volumes"]["/data/models/gemma4"] == {"bind": "/models/base", "mode": "ro"}
     assert spec["device_requests"] == [{"count": -1, "capabilities": [["gpu"]]}] and spec["ipc_mode"] == "host"
     assert "privileged" not in spec and "MODEL_IMPL_TYPE" not in spec["environment"]
+    assert spec["environment"]["VLLM_API_KEY"] == "key-of-ep-lora" and "--api-key" not in spec["command"]
 
 
 class DockerStandIn:
@@ -274,6 +280,9 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
         "--reasoning-parser",  # the artifact's tokenizer names Gemma 4's thought channel
         "gemma4",
     ]
+    keys = [v.removeprefix("VLLM_API_KEY=") for v in body["Env"] if v.startswith("VLLM_API_KEY=")]
+    assert len(keys) == 1 and len(keys[0]) >= 32, "the container is started with a key of its own"
+    assert keys[0] not in " ".join(body["Cmd"]) and keys[0] not in api.get(f"/api/v1/endpoints/{ep}").text
     host = body["HostConfig"]
     assert host["NetworkMode"] == "host" and host["Privileged"] is True and host["ShmSize"] == 16 * 1024**3
     assert f"{artifact['path']}:/models/{artifact['id']}:ro" in host["Binds"]

@@ -58,8 +58,10 @@ def server(model_dir, tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+def metric(url: str, name: str, key: str | None = None) -> float:
+    """A sample of the server's /metrics (with its key, when it was started with one)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    for line in httpx.get(f"{url}/metrics", headers=headers).text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics")

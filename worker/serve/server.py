@@ -1,7 +1,7 @@
 """The built-in model server: vLLM's HTTP API over ``generate.Engine``.
 
     python -m worker.serve --model DIR --served-model-name NAME [--host H] [--port P]
-                           [--max-num-seqs N] [--max-model-len N] [--log-stats-interval S]
+                           [--max-num-seqs N] [--max-model-len N] [--log-stats-interval S] [--api-key KEY]
 
 ``/health``, ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
 ``stream_options.include_usage``; the model's own chat template, with ``chat_template_kwargs`` such as
@@ -11,12 +11,21 @@ parsers do; every stop id of ``generation_config.json`` and ``stop``; ``max_toke
 scrapes and benchmarks a vLLM endpoint works on this one unchanged. Its output, which the endpoint
 page shows, says where it serves once ready, then (as vLLM's does) every few seconds while it is
 busy: prompt and generation throughput, running and waiting requests, KV cache use.
+
+With a key (``--api-key``, or ``VLLM_API_KEY`` in its environment, which the endpoint supervisor uses so
+that the key is not on a command line anyone on the host can read), every route but ``/health``
+answers only ``Authorization: Bearer <key>`` and refuses anyone else with vLLM's 401, as vLLM's own
+``AuthenticationMiddleware`` does (recent releases guard everything but the probes' paths; older ones
+guarded ``/v1`` only: Tunedeck's clients send the key everywhere).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import os
+import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -109,6 +118,31 @@ class Arrival:
 
     async def __call__(self, scope, receive, send):
         scope["arrival"] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
+class ApiKey:
+    """vLLM's check of ``--api-key``: a request without ``Authorization: Bearer <key>`` gets 401 with
+    ``{"error": "Unauthorized"}``, except on ``OPEN_PATHS`` (liveness). Compared as digests in constant time."""
+
+    OPEN_PATHS = frozenset({"/health"})
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.digest = hashlib.sha256(key.encode()).digest()
+
+    def allowed(self, scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                return scheme.lower() == b"bearer" and secrets.compare_digest(
+                    hashlib.sha256(given).digest(), self.digest
+                )
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN_PATHS and not self.allowed(scope):
+            return await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -275,9 +309,11 @@ async def log_stats(server: Server, every_s: float) -> None:
         busy_before = busy
 
 
-def create_app(server: Server, *, url: str | None = None, stats_every_s: float = 0) -> FastAPI:
+def create_app(
+    server: Server, *, url: str | None = None, stats_every_s: float = 0, api_key: str | None = None
+) -> FastAPI:
     """The server's app; it prints where it serves (``url``) once listening, and its stats line every
-    ``stats_every_s`` while busy (0: never)."""
+    ``stats_every_s`` while busy (0: never). With ``api_key``, it answers only that key's bearer (``ApiKey``)."""
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -294,7 +330,9 @@ def create_app(server: Server, *, url: str | None = None, stats_every_s: float =
             stats.cancel()
 
     app = FastAPI(title="Tunedeck model server", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.add_middleware(Arrival)
+    if api_key:
+        app.add_middleware(ApiKey, key=api_key)
+    app.add_middleware(Arrival)  # outermost: arrival is stamped before anything else runs
 
     @app.get("/health")
     def health() -> Response:
@@ -418,12 +456,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together at most")
     ap.add_argument("--max-model-len", type=int, default=1024, help="prompt + reply tokens at most")
     ap.add_argument("--log-stats-interval", type=float, default=10.0, help="seconds between stats lines (0: none)")
+    ap.add_argument(
+        "--api-key",
+        default=None,
+        help="answer only 'Authorization: Bearer KEY' (all but /health); default: $VLLM_API_KEY, else anyone",
+    )
     args = ap.parse_args(argv)
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
 
     print("tunedeck-phase: loading", flush=True)
     engine = generate.Engine(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     print("tunedeck-phase: compiling", flush=True)
     engine.start()
     server = Server(engine, args.served_model_name or args.model)
-    app = create_app(server, url=f"http://{args.host}:{args.port}", stats_every_s=args.log_stats_interval)
+    url = f"http://{args.host}:{args.port}"
+    app = create_app(server, url=url, stats_every_s=args.log_stats_interval, api_key=api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
