@@ -284,6 +284,14 @@ def test_endpoints_of_a_lost_host_end_on_the_next_beat(server, api, artifact):
     server.sql("DELETE FROM endpoints WHERE id LIKE 'ep-lost-%'")
 
 
+def postgres_cluster(server) -> tuple[str, str]:
+    """The version and name of the local PostgreSQL cluster the server's database is on (by port)."""
+    port = sa.make_url(server.env["TUNEDECK_DATABASE_URL"]).port or 5432
+    listed = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True).stdout
+    (cluster,) = [line.split()[:2] for line in listed.splitlines() if line.split()[2] == str(port)]
+    return cluster[0], cluster[1]
+
+
 @pytest.mark.restarts_postgres
 def test_a_database_restart_leaves_a_ready_endpoint_serving(server, api, artifact):
     """PostgreSQL stops for a few seconds and comes back (a restart, a failover) under a ready
@@ -291,7 +299,7 @@ def test_a_database_restart_leaves_a_ready_endpoint_serving(server, api, artifac
     endpoint = deploy(server, api, artifact)
     assert endpoint["status"] == "ready", endpoint["error"]
     proc = model_server(endpoint)
-    cluster = ["pg_ctlcluster", "--skip-systemctl-redirect", sorted(os.listdir("/etc/postgresql"))[0], "main"]
+    cluster = ["pg_ctlcluster", "--skip-systemctl-redirect", *postgres_cluster(server)]
     subprocess.run([*cluster, "stop", "-m", "fast"], check=True)
     try:
         time.sleep(6)  # several of the supervisor's beats fail
