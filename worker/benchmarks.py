@@ -13,13 +13,20 @@ Requests carry the model server's key, as the gateway's do.
 Prompts are random token ids of ``input_len`` decoded with the model's own tokenizer (vLLM's random
 dataset), or a dataset's conversations up to their last reply (sent as chat). Replies go on to
 ``output_len`` tokens (``ignore_eos``). In ``rate`` mode requests arrive as a Poisson process.
+
+While the load runs, a thread beats the benchmark's heartbeat (``Beat``): a worker that goes silent has
+its benchmark failed by the pool's other workers (``benchmarks.fail_stale``). The same beat reads the
+user's cancel: the level in flight is dropped, its requests closed (the model server stops decoding
+them), and the benchmark ends ``cancelled`` with the levels it finished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -38,50 +45,108 @@ from app.endpoints.models import Endpoint
 from worker.probe import auth
 
 PROGRESS_EVERY_S = 0.5
+HEARTBEAT_S = 1.0  # also how soon a cancel is seen
+STOP_POLL_S = 0.1  # how soon the load stops once it is seen
 MAX_ERRORS = 3
 
+log = logging.getLogger(__name__)
 
-def execute(benchmark_id: str) -> None:
+
+class Stopped(Exception):  # noqa: N818 - not an error: the load was told to stop
+    """``run_level``'s ``stop`` was set: the level's requests were closed before all were answered."""
+
+
+class Beat:
+    """The benchmark's heartbeat, beaten every ``HEARTBEAT_S`` by a thread with a session of its own (the
+    load's event loop must not wait on the database). ``stop`` is set, and ``reason`` says why, when the
+    user cancels the benchmark ("cancel") or it is not this worker's running benchmark any more ("gone")."""
+
+    def __init__(self, benchmark_id: str, worker: str) -> None:
+        self.benchmark_id, self.worker = benchmark_id, worker
+        self.stop = threading.Event()
+        self.reason: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{benchmark_id}", daemon=True)
+
+    def __enter__(self) -> Beat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with session_scope() as session:
+            while not self._done.wait(HEARTBEAT_S):
+                try:
+                    reason = benchmarks.heartbeat(session, self.benchmark_id, self.worker)
+                except Exception:  # noqa: BLE001 - a missed beat is retried; a long silence fails it
+                    log.exception("benchmark %s: heartbeat failed", self.benchmark_id)
+                    session.rollback()
+                    continue
+                if reason is not None:
+                    self.reason = reason
+                    self.stop.set()
+                    return
+
+
+def execute(benchmark_id: str, worker: str) -> None:
     with session_scope() as session:
-        benchmark = benchmarks.start(session, benchmark_id)
+        benchmark = benchmarks.start(session, benchmark_id, worker)
         if benchmark is None:
             return
-        try:
-            config = benchmark.config
-            endpoint = session.get(Endpoint, benchmark.endpoint_id)
-            prompts = _prompts(session, endpoint, config)
-            done = 0
-            last = 0.0
+        with Beat(benchmark_id, worker) as beat:
+            try:
+                _run(session, benchmark, beat.stop)
+            except Stopped:
+                if beat.reason == "cancel":
+                    benchmarks.cancelled(session, benchmark)
+                else:  # ended elsewhere (failed by the stale sweep, or deleted): nothing more to write
+                    log.warning("benchmark %s is no longer this worker's: its load stopped", benchmark_id)
+            except Exception as exc:
+                benchmarks.fail(session, benchmark, f"{type(exc).__name__}: {exc}")
+                raise
 
-            def progress(n: int) -> None:
-                nonlocal last
-                if time.monotonic() - last >= PROGRESS_EVERY_S:
-                    last = time.monotonic()
-                    benchmarks.progress(session, benchmark, done + n)
 
-            levels = [("concurrency", c) for c in config["concurrency"]]
-            levels += [("request_rate", r) for r in config["request_rates"]]
-            for kind, value in levels:
-                level = asyncio.run(
-                    run_level(
-                        endpoint.url,
-                        endpoint.model,
-                        prompts,
-                        output_len=config["output_len"],
-                        concurrency=value if kind == "concurrency" else config["max_concurrency"],
-                        request_rate=value if kind == "request_rate" else None,
-                        seed=config["seed"],
-                        on_request=progress,
-                        headers=auth(endpoint.api_key),
-                    )
-                )
-                done += len(prompts)
-                benchmarks.progress(session, benchmark, done)
-                benchmarks.add_level(session, benchmark, level)
-            benchmarks.finish(session, benchmark)
-        except Exception as exc:
-            benchmarks.fail(session, benchmark, f"{type(exc).__name__}: {exc}")
-            raise
+def _run(session, benchmark, stop: threading.Event) -> None:
+    """Every level, in order, then ``succeeded``; ``Stopped`` as soon as ``stop`` is set (the level in
+    flight is dropped: a part of a level is not comparable)."""
+    config = benchmark.config
+    endpoint = session.get(Endpoint, benchmark.endpoint_id)
+    prompts = _prompts(session, endpoint, config)
+    done = 0
+    last = 0.0
+
+    def progress(n: int) -> None:
+        nonlocal last
+        if time.monotonic() - last >= PROGRESS_EVERY_S:
+            last = time.monotonic()
+            benchmarks.progress(session, benchmark, done + n)
+
+    levels = [("concurrency", c) for c in config["concurrency"]]
+    levels += [("request_rate", r) for r in config["request_rates"]]
+    for kind, value in levels:
+        if stop.is_set():
+            raise Stopped
+        level = asyncio.run(
+            run_level(
+                endpoint.url,
+                endpoint.model,
+                prompts,
+                output_len=config["output_len"],
+                concurrency=value if kind == "concurrency" else config["max_concurrency"],
+                request_rate=value if kind == "request_rate" else None,
+                seed=config["seed"],
+                on_request=progress,
+                stop=stop,
+                headers=auth(endpoint.api_key),
+            )
+        )
+        done += len(prompts)
+        benchmarks.progress(session, benchmark, done)
+        benchmarks.add_level(session, benchmark, level)
+    benchmarks.finish(session, benchmark)
 
 
 def _prompts(session, endpoint: Endpoint, config: dict) -> list[dict]:
@@ -125,9 +190,11 @@ async def run_level(
     seed: int = 0,
     on_request: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict:
     """Send every prompt once, at most ``concurrency`` in flight, arriving at ``request_rate`` per
-    second (Poisson) when given, else all at once; the level's results."""
+    second (Poisson) when given, else all at once; the level's results. When ``stop`` is set, no more
+    requests are sent, those in flight are closed, and ``Stopped`` is raised."""
     gate = asyncio.Semaphore(concurrency or len(prompts))
     rng = random.Random(seed)
     finished = 0
@@ -144,13 +211,25 @@ async def run_level(
                 on_request(finished)
             return result
 
+        tasks: list[asyncio.Task] = []
+
+        async def send() -> list[dict]:
+            for body in prompts:
+                if request_rate is not None and tasks:
+                    await asyncio.sleep(rng.expovariate(request_rate))
+                tasks.append(asyncio.create_task(one(body)))
+            return await asyncio.gather(*tasks)
+
         started = time.perf_counter()
-        tasks = []
-        for body in prompts:
-            if request_rate is not None and tasks:
-                await asyncio.sleep(rng.expovariate(request_rate))
-            tasks.append(asyncio.create_task(one(body)))
-        results = await asyncio.gather(*tasks)
+        sending = asyncio.create_task(send())
+        while stop is not None and not sending.done():
+            if stop.is_set():
+                for task in (sending, *tasks):
+                    task.cancel()
+                await asyncio.gather(sending, *tasks, return_exceptions=True)  # their connections closed
+                raise Stopped
+            await asyncio.wait({sending}, timeout=STOP_POLL_S)
+        results = await sending
         duration = time.perf_counter() - started
     return summarize(results, duration, concurrency=None if request_rate else concurrency, request_rate=request_rate)
 

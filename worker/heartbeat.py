@@ -1,7 +1,8 @@
 """A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
 and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued,
-its silent endpoints marked failed (their model server went with their host), and the tasks of rows
-of any pool that wait for a task their queue lost are sent again (`queue.resend_lost`)."""
+its silent endpoints marked failed (their model server went with their host), its silent
+benchmarks failed (the worker sending their load was lost), and the tasks of rows of any pool
+that wait for a task their queue lost are sent again (`queue.resend_lost`)."""
 
 import logging
 import threading
@@ -41,6 +42,8 @@ class Heartbeat:
                 log.warning("run %s lost its worker: re-queued", run_id)
             for artifact_id in artifacts.requeue_stale(session, self.pool):
                 log.warning("artifact %s lost its worker: re-queued", artifact_id)
+            for benchmark_id in benchmarks.fail_stale(session, self.pool):
+                log.warning("benchmark %s lost its worker: failed", benchmark_id)
             for endpoint_id in endpoints.fail_stale(session, self.pool):
                 log.warning("endpoint %s lost its worker", endpoint_id)
             waiting = [

@@ -28,6 +28,6 @@ def start_endpoint(self, endpoint_id: str) -> None:
     endpoints.launch(endpoint_id, self.request.hostname)
 
 
-@celery.task(name=queue.RUN_BENCHMARK)
-def run_benchmark(benchmark_id: str) -> None:
-    benchmarks.execute(benchmark_id)
+@celery.task(name=queue.RUN_BENCHMARK, bind=True)
+def run_benchmark(self, benchmark_id: str) -> None:
+    benchmarks.execute(benchmark_id, self.request.hostname)

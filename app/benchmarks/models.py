@@ -18,7 +18,11 @@ class BenchmarkStatus(StrEnum):
     queued = "queued"
     running = "running"
     succeeded = "succeeded"
-    failed = "failed"
+    failed = "failed"  # the load could not be sent, or its worker went silent (error says why)
+    cancelled = "cancelled"  # the user cancelled it; the levels finished before stay
+
+
+TERMINAL = {BenchmarkStatus.succeeded, BenchmarkStatus.failed, BenchmarkStatus.cancelled}
 
 
 class BenchmarkConfig(SQLModel):
@@ -87,6 +91,9 @@ class Benchmark(SQLModel, table=True):
     requests_total: int = 0
     error: str | None = None
     attempts: int = 0  # deliveries of its task that took it (``claim``): one
+    worker: str | None = Field(default=None, max_length=255)  # the worker sending its load
+    heartbeat_at: datetime | None = None  # beaten by that worker while it runs
+    cancel_requested: bool = False  # the user cancelled it; its worker stops the load at its next beat
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -134,6 +141,7 @@ class BenchmarkPublic(SQLModel):
     requests_done: int
     requests_total: int
     error: str | None
+    cancel_requested: bool  # cancelled while running: its worker is stopping the load
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

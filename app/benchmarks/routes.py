@@ -62,6 +62,17 @@ def get_benchmark(
     return watch_body(request, load, lambda body: (body["status"], body["requests_done"], len(body["results"])))
 
 
+@router.post("/{benchmark_id}/cancel", response_model=BenchmarkPublic)
+def cancel_benchmark(benchmark_id: str, session: SessionDep, user: CurrentUser) -> BenchmarkPublic:
+    """Cancel a queued or running benchmark: a queued one is `cancelled` at once; a running one's worker
+    stops sending requests within a second or so (`cancel_requested` until then) and ends it `cancelled`,
+    keeping the levels it finished. 409 when it has already ended."""
+    try:
+        return service.to_public(service.cancel(session, _get(session, user, benchmark_id)))
+    except service.BenchmarkError as exc:
+        raise errors.answer(exc) from exc
+
+
 @router.delete("/{benchmark_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_benchmark(benchmark_id: str, session: SessionDep, user: CurrentUser) -> Response:
     try:

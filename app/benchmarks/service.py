@@ -1,14 +1,18 @@
-"""Benchmarks of endpoints: the state machine (queued -> running -> succeeded | failed), advanced by the
-`tunedeck.benchmarks.run` task on the endpoint's pool (worker/benchmarks.py), which sends the load
-from the endpoint's host and records each level here as it completes."""
+"""Benchmarks of endpoints: the state machine (queued -> running -> succeeded | failed | cancelled),
+advanced by the `tunedeck.benchmarks.run` task on the endpoint's pool (worker/benchmarks.py), which
+sends the load from the endpoint's host, beats the benchmark's heartbeat, and records each level here
+as it completes. A benchmark whose worker went silent is failed by the pool's workers (``fail_stale``,
+from their heartbeat thread); the user cancels one with ``cancel``."""
 
 from __future__ import annotations
 
+from sqlalchemy import update
 from sqlmodel import Session, select
 
 from app.auth.models import User
-from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
+from app.benchmarks.models import TERMINAL, Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
 from app.core import queue
+from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
 from app.core.errors import FieldError
 from app.core.security import new_id
@@ -79,21 +83,48 @@ def get(session: Session, owner: User, benchmark_id: str) -> Benchmark | None:
 
 def delete(session: Session, benchmark: Benchmark) -> None:
     if benchmark.status == BenchmarkStatus.running:
-        raise BenchmarkError("status", f"benchmark {benchmark.id} is running", conflict=True)
+        raise BenchmarkError("status", f"benchmark {benchmark.id} is running; cancel it first", conflict=True)
     session.delete(benchmark)
     session.commit()
+
+
+def cancel(session: Session, benchmark: Benchmark) -> Benchmark:
+    """Cancel a queued or running benchmark. A queued one ends at once (its task, when it comes, finds it
+    cancelled); a running one is flagged, and its worker stops the load at its next heartbeat and ends it
+    ``cancelled``. The flag is set in both cases: a worker that takes a queued one meanwhile sees it too."""
+    if benchmark.status in TERMINAL:
+        raise BenchmarkError("status", f"benchmark {benchmark.id} is already {benchmark.status}", conflict=True)
+    now = utcnow()
+    session.execute(update(Benchmark).where(Benchmark.id == benchmark.id).values(cancel_requested=True, updated_at=now))
+    session.execute(
+        update(Benchmark)
+        .where(Benchmark.id == benchmark.id, Benchmark.status == BenchmarkStatus.queued)
+        .values(status=BenchmarkStatus.cancelled, finished_at=now)
+    )
+    session.commit()
+    session.refresh(benchmark)
+    return benchmark
 
 
 # --- worker side --------------------------------------------------------------------------------
 
 
-def start(session: Session, benchmark_id: str) -> Benchmark | None:
-    """The task takes the benchmark; None when it is not queued any more. It fails at once when its
-    endpoint is no longer ready."""
+def start(session: Session, benchmark_id: str, worker: str) -> Benchmark | None:
+    """The task takes the benchmark; None when it is not queued any more (cancelled, or taken by an
+    earlier delivery of the task). It fails at once when its endpoint is no longer ready."""
     benchmark = session.get(Benchmark, benchmark_id)
-    if benchmark is None or benchmark.status != BenchmarkStatus.queued:
+    if benchmark is None or benchmark.status != BenchmarkStatus.queued or benchmark.cancel_requested:
         return None
-    if not claim(session, benchmark, status=BenchmarkStatus.running, started_at=utcnow(), updated_at=utcnow()):
+    now = utcnow()
+    if not claim(
+        session,
+        benchmark,
+        status=BenchmarkStatus.running,
+        worker=worker,
+        heartbeat_at=now,
+        started_at=now,
+        updated_at=now,
+    ):
         return None
     endpoint = session.get(Endpoint, benchmark.endpoint_id) if benchmark.endpoint_id else None
     if endpoint is None or endpoint.status != EndpointStatus.ready:
@@ -101,6 +132,46 @@ def start(session: Session, benchmark_id: str) -> Benchmark | None:
         fail(session, benchmark, f"endpoint {benchmark.endpoint_id} is {state}")
         return None
     return benchmark
+
+
+def heartbeat(session: Session, benchmark_id: str, worker: str) -> str | None:
+    """The worker sending the load is alive. Returns why it must stop: "cancel" (the user cancelled the
+    benchmark), "gone" (it is not this worker's running benchmark any more: deleted, or failed by the
+    stale sweep while this worker was silent), or None to go on."""
+    beaten = session.execute(
+        update(Benchmark)
+        .where(Benchmark.id == benchmark_id, Benchmark.status == BenchmarkStatus.running, Benchmark.worker == worker)
+        .values(heartbeat_at=utcnow())
+    ).rowcount
+    session.commit()
+    if not beaten:
+        return "gone"
+    cancelled = session.exec(select(Benchmark.cancel_requested).where(Benchmark.id == benchmark_id)).first()
+    session.commit()
+    return "cancel" if cancelled else None
+
+
+def fail_stale(session: Session, pool: str) -> list[str]:
+    """Fail this pool's running benchmarks whose worker went silent (killed, or its host lost). Failed, not
+    re-queued: a benchmark is cheap to run again, the levels measured so far would be mixed with a second
+    attempt's, and the host that sent the load is most often the endpoint's own, lost with it."""
+    settings = get_settings()
+    stale = session.exec(
+        select(Benchmark).where(
+            Benchmark.pool == pool,
+            Benchmark.status == BenchmarkStatus.running,
+            Benchmark.heartbeat_at < utcnow() - settings.stale_after,
+        )
+    ).all()
+    ended = []
+    for benchmark in stale:
+        error = (
+            f"no heartbeat from {benchmark.worker or 'its worker'} for {settings.stale_seconds:.0f}s: "
+            "the worker sending its load was lost; run it again"
+        )
+        if _end(session, benchmark, BenchmarkStatus.failed, error):
+            ended.append(benchmark.id)
+    return ended
 
 
 def progress(session: Session, benchmark: Benchmark, requests_done: int) -> None:
@@ -125,13 +196,23 @@ def finish(session: Session, benchmark: Benchmark) -> None:
     _end(session, benchmark, BenchmarkStatus.succeeded, None)
 
 
+def cancelled(session: Session, benchmark: Benchmark) -> None:
+    """The worker stopped the load of a cancelled benchmark; the levels it finished stay."""
+    _end(session, benchmark, BenchmarkStatus.cancelled, None)
+
+
 def fail(session: Session, benchmark: Benchmark, error: str) -> None:
     _end(session, benchmark, BenchmarkStatus.failed, error[:2000])
 
 
-def _end(session: Session, benchmark: Benchmark, status: BenchmarkStatus, error: str | None) -> None:
-    benchmark.status = status
-    benchmark.error = error
-    benchmark.finished_at = benchmark.updated_at = utcnow()
-    session.add(benchmark)
+def _end(session: Session, benchmark: Benchmark, status: BenchmarkStatus, error: str | None) -> bool:
+    """End a running benchmark; False (nothing changed) when it had ended already, e.g. a worker that was
+    silent too long and was failed by the stale sweep must not write over that."""
+    now = utcnow()
+    ended = session.execute(
+        update(Benchmark)
+        .where(Benchmark.id == benchmark.id, Benchmark.status == BenchmarkStatus.running)
+        .values(status=status, error=error, finished_at=now, updated_at=now)
+    ).rowcount
     session.commit()
+    return bool(ended)

@@ -1,10 +1,13 @@
 """Benchmarks: load sent to a ready endpoint by a worker of its pool, with `vllm bench serve`'s
 definitions: a sweep over concurrency with random prompts, Poisson arrivals with a dataset's prompts;
-results stored, listed by endpoint, priced per million output tokens; bad requests named."""
+results stored, listed by endpoint, priced per million output tokens; bad requests named; a size bound
+from the endpoint's context; cancel; a benchmark whose worker went silent ends failed."""
 
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from tests.api.test_endpoints import wait_endpoint
 
@@ -22,12 +25,19 @@ def endpoint(server, api, artifact):
     wait_endpoint(server, api, ep["id"], ("stopped", "failed"), timeout=60)
 
 
-def wait_benchmark(server, api, benchmark_id: str) -> dict:
+def wait_benchmark(server, api, benchmark_id: str, timeout: float = 180) -> dict:
     def done():
         b = api.get(f"/api/v1/benchmarks/{benchmark_id}").json()
-        return b if b["status"] in ("succeeded", "failed") else None
+        return b if b["status"] in ("succeeded", "failed", "cancelled") else None
 
-    return server.wait_for(done, timeout=180, interval=0.3, what=f"benchmark {benchmark_id}")
+    return server.wait_for(done, timeout=timeout, interval=0.3, what=f"benchmark {benchmark_id}")
+
+
+def assert_refused(api, body: dict, field: str, text: str, code: int = 422) -> None:
+    """The benchmark is refused with ``code``, naming ``field`` and saying ``text``."""
+    r = api.post("/api/v1/benchmarks", json=body)
+    assert r.status_code == code, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", field] and text in r.json()["detail"][0]["msg"], r.text
 
 
 def test_a_concurrency_sweep_measures_latency_and_throughput(server, api, endpoint):
@@ -62,6 +72,8 @@ def test_a_concurrency_sweep_measures_latency_and_throughput(server, api, endpoi
 
     listed = api.get("/api/v1/benchmarks", params={"endpoint_id": endpoint["id"]}).json()
     assert bench["id"] in [b["id"] for b in listed["data"]]
+    r = api.post(f"/api/v1/benchmarks/{bench['id']}/cancel")  # it has ended: nothing to cancel
+    assert r.status_code == 409 and r.json()["detail"] == f"benchmark {bench['id']} is already succeeded", r.text
 
 
 def test_poisson_arrivals_with_a_datasets_prompts(server, api, endpoint, trained_run):
@@ -86,9 +98,7 @@ def test_poisson_arrivals_with_a_datasets_prompts(server, api, endpoint, trained
 
 def test_bad_benchmarks_are_named_and_a_benchmark_can_be_deleted(server, api, endpoint, artifact):
     def refused(body: dict, field: str, text: str, code: int = 422):
-        r = api.post("/api/v1/benchmarks", json={"endpoint_id": endpoint["id"], **body})
-        assert r.status_code == code, r.text
-        assert r.json()["detail"][0]["loc"] == ["body", field] and text in r.json()["detail"][0]["msg"], r.text
+        assert_refused(api, {"endpoint_id": endpoint["id"], **body}, field, text, code)
 
     refused({"concurrency": [0, 4]}, "concurrency", "each from 1 to 4096")
     refused({"mode": "rate", "request_rates": [-1]}, "request_rates", "above 0")
@@ -125,3 +135,105 @@ def test_an_endpoint_and_its_run_cost_their_pools_chip_hours(server, api, endpoi
     assert mine["cost_usd"] >= ep["cost_usd"] and mine["pool"] == "cpu"
     assert cost["serving_usd"] >= mine["cost_usd"]
     assert cost["total_usd"] == pytest.approx(cost["training_usd"] + cost["serving_usd"], abs=1e-5)
+
+
+def test_a_running_benchmark_is_cancelled_soon_and_its_endpoint_keeps_serving(server, api, endpoint):
+    body = {"endpoint_id": endpoint["id"], "concurrency": [4], "num_prompts": 2000, "input_len": 16, "output_len": 200}
+    r = api.post("/api/v1/benchmarks", json=body)
+    assert r.status_code == 201, r.text
+    bench = r.json()
+
+    def samples_after(at: datetime) -> list[dict]:
+        samples = api.get(f"/api/v1/endpoints/{endpoint['id']}/samples", params={"minutes": 5}).json()
+        return [s for s in samples if s["source"] == "probe" and datetime.fromisoformat(s["at"]) > at]
+
+    # under load: the model server decodes the benchmark's requests (probed and scraped every second)
+    created = datetime.fromisoformat(bench["created_at"])
+    server.wait_for(lambda: [s for s in samples_after(created) if s["running"]], timeout=60, what="the load")
+    assert api.get(f"/api/v1/benchmarks/{bench['id']}").json()["status"] == "running"
+
+    asked = time.monotonic()
+    r = api.post(f"/api/v1/benchmarks/{bench['id']}/cancel")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("running", "cancelled") and r.json()["cancel_requested"] is True
+    bench = server.wait_for(
+        lambda: (b := api.get(f"/api/v1/benchmarks/{bench['id']}").json())["status"] != "running" and b,
+        timeout=10,
+        what="the cancel",
+    )
+    assert bench["status"] == "cancelled" and bench["error"] is None, bench
+    assert time.monotonic() - asked < 5  # its worker saw it within a beat or two
+    assert bench["results"] == [] and bench["requests_done"] < bench["requests_total"]  # the level in flight dropped
+
+    # The worker sent no more: a second after it ended, the model server has nothing running or waiting,
+    # and it still answers (the probe, and a request through the gateway).
+    ended = datetime.fromisoformat(bench["finished_at"]) + timedelta(seconds=1)
+    (sample, *_) = server.wait_for(lambda: samples_after(ended), timeout=30, what="a probe after the cancel")
+    assert sample["running"] == 0 and sample["waiting"] == 0 and sample["status_code"] == 200, sample
+    assert api.get(f"/api/v1/endpoints/{endpoint['id']}").json()["status"] == "ready"
+    r = api.post("/v1/completions", json={"model": endpoint["model"], "prompt": "Hello", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    done = bench["requests_done"]
+    time.sleep(1.5)
+    assert api.get(f"/api/v1/benchmarks/{bench['id']}").json()["requests_done"] == done
+
+    r = api.post(f"/api/v1/benchmarks/{bench['id']}/cancel")
+    assert r.status_code == 409 and r.json()["detail"] == f"benchmark {bench['id']} is already cancelled", r.text
+
+
+def test_a_benchmark_whose_worker_went_silent_fails_on_the_next_beat(server, api, endpoint):
+    """A worker lost mid-benchmark (killed, its host gone) leaves the row running with an old heartbeat:
+    written here into the server's database, as that worker left it. The pool's live worker fails it on
+    its next beat (every second here; silent means 30 s, the default)."""
+    from sqlmodel import Session
+
+    from app.benchmarks.models import BenchmarkStatus
+    from app.models import Benchmark  # every table: the row refers to others
+
+    owner = api.get("/api/v1/users/me").json()["id"]
+    url = server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir / 'tunedeck.db'}"
+    engine = sa.create_engine(url)
+    now = datetime.now(UTC)
+    lost = Benchmark(
+        id=f"bm-lost{int(time.time() * 1000)}",
+        owner_id=owner,
+        endpoint_id=endpoint["id"],
+        model=endpoint["model"],
+        pool="cpu",
+        runtime="local",
+        chips=1,
+        price_per_chip_hour=0.0,
+        status=BenchmarkStatus.running,
+        config={"concurrency": [1], "request_rates": [], "num_prompts": 8, "input_len": 24, "output_len": 8},
+        requests_total=8,
+        requests_done=3,
+        attempts=1,
+        worker="celery@lost-host",
+        heartbeat_at=now - timedelta(seconds=31),
+        started_at=now - timedelta(seconds=40),
+        updated_at=now - timedelta(seconds=31),
+    )
+    fresh = Benchmark(**{**lost.model_dump(), "id": lost.id + "f", "heartbeat_at": now})  # its worker beat just now
+    try:
+        with Session(engine, expire_on_commit=False) as session:
+            session.add_all([lost, fresh])
+            session.commit()
+        failed = wait_benchmark(server, api, lost.id, timeout=15)  # beats come every second
+        assert failed["status"] == "failed", failed
+        assert failed["error"].startswith("no heartbeat from celery@lost-host for 30s"), failed["error"]
+        assert failed["finished_at"] is not None and failed["requests_done"] == 3
+        assert api.get(f"/api/v1/benchmarks/{fresh.id}").json()["status"] == "running"  # not silent long enough
+        # a queued one that no worker took yet is cancelled at once
+        with Session(engine, expire_on_commit=False) as session:
+            session.merge(
+                Benchmark(
+                    **{**lost.model_dump(), "id": lost.id + "q", "status": BenchmarkStatus.queued, "worker": None}
+                )
+            )
+            session.commit()
+        r = api.post(f"/api/v1/benchmarks/{lost.id}q/cancel")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(Benchmark).where(Benchmark.id.in_([lost.id, fresh.id, lost.id + "q"])))
+        engine.dispose()
