@@ -17,8 +17,19 @@ from app.core.db import claim, owned, owned_page, utcnow
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.datasets.models import Dataset, DatasetStatus
-from app.endpoints.models import Endpoint, EndpointStatus
+from app.endpoints.models import Endpoint, EndpointCreate, EndpointStatus
 from app.pools.models import Pool
+
+# The most tokens one benchmark may ask its endpoint to process, over all its levels: levels x
+# num_prompts x (input_len + output_len). 2**23 (8.4M) holds `vllm bench serve`'s default random load
+# (1000 prompts of 1024 + 128 tokens) at 7 levels. An endpoint that generates 4000 tokens/s gets through
+# it in 35 minutes even if every token were an output token (prompt tokens cost far less), so no
+# benchmark keeps an endpoint busy for hours, and the prompts a worker makes and holds for a level
+# (input_len x num_prompts tokens of text) stay tens of MB at most.
+MAX_TOKENS = 2**23
+# What the model server is started with when the endpoint's settings do not say (the built-in
+# server's default, and EndpointCreate's).
+DEFAULT_MAX_MODEL_LEN = EndpointCreate.model_fields["max_model_len"].default
 
 
 class BenchmarkError(FieldError):
@@ -41,10 +52,11 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
             raise BenchmarkError("dataset_id", f"unknown dataset {data.dataset_id!r}")
         if dataset.status != DatasetStatus.ready or not dataset.valid_rows:
             raise BenchmarkError("dataset_id", f"dataset {dataset.id} is {dataset.status}; its prompts cannot be used")
+    levels = len(data.concurrency) + len(data.request_rates)
+    check_size(data, endpoint, levels)
     queue.check_broker()
     pool = session.get(Pool, endpoint.pool)
     config = data.model_dump(exclude={"endpoint_id"})
-    levels = len(data.concurrency) + len(data.request_rates)
     benchmark = Benchmark(
         id=new_id("bm"),
         owner_id=owner.id,
@@ -69,6 +81,38 @@ def waiting_tasks(session: Session) -> list[queue.Waiting]:
         select(Benchmark.id, Benchmark.pool, Benchmark.updated_at).where(Benchmark.status == BenchmarkStatus.queued)
     ).all()
     return [queue.Waiting(queue.RUN_BENCHMARK, pool, id_, since) for id_, pool, since in rows]
+
+
+def check_size(data: BenchmarkCreate, endpoint: Endpoint, levels: int) -> None:
+    """Each request must fit the endpoint's context (its ``max_model_len``: prompt + reply tokens), and
+    the whole benchmark the ``MAX_TOKENS`` bound. A dataset's prompts are as long as its conversations
+    (``input_len`` is not used): their reply must leave room for one, and only replies are counted."""
+    context = int(endpoint.settings.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    where = f"endpoint {endpoint.id}'s max_model_len {context}"
+    if data.dataset_id is not None:
+        if data.output_len >= context:
+            raise BenchmarkError("output_len", f"output_len {data.output_len} leaves no room for a prompt in {where}")
+        per_request = data.output_len
+    else:
+        if data.input_len >= context:
+            raise BenchmarkError(
+                "input_len", f"input_len {data.input_len} leaves no room for a reply in {where} (prompt + reply tokens)"
+            )
+        if data.input_len + data.output_len > context:
+            raise BenchmarkError(
+                "output_len",
+                f"input_len + output_len = {data.input_len + data.output_len} tokens do not fit {where}: "
+                f"at most {context - data.input_len} output tokens with input_len {data.input_len}",
+            )
+        per_request = data.input_len + data.output_len
+    total = levels * data.num_prompts * per_request
+    if total > MAX_TOKENS:
+        counted = "output_len" if data.dataset_id is not None else "(input_len + output_len)"
+        raise BenchmarkError(
+            "num_prompts",
+            f"{levels} levels x {data.num_prompts} num_prompts x {per_request} tokens {counted} = {total} tokens; "
+            f"a benchmark asks at most {MAX_TOKENS} (fewer requests, levels or tokens per request)",
+        )
 
 
 def list_benchmarks(

@@ -137,6 +137,50 @@ def test_an_endpoint_and_its_run_cost_their_pools_chip_hours(server, api, endpoi
     assert cost["total_usd"] == pytest.approx(cost["training_usd"] + cost["serving_usd"], abs=1e-5)
 
 
+def test_a_benchmark_must_fit_its_endpoints_context_and_a_bounded_work(server, api, endpoint, trained_run):
+    """The endpoint was started with max_model_len 256: a prompt and its reply must fit in it, and a
+    benchmark asks at most 2**23 tokens in all (levels x num_prompts x (input_len + output_len))."""
+    before = api.get("/api/v1/benchmarks").json()["count"]
+    ep = {"endpoint_id": endpoint["id"]}
+    where = f"endpoint {endpoint['id']}'s max_model_len 256"
+    assert_refused(
+        api,
+        {**ep, "input_len": 256, "output_len": 1},
+        "input_len",
+        f"input_len 256 leaves no room for a reply in {where}",
+    )
+    assert_refused(
+        api,
+        {**ep, "input_len": 200, "output_len": 100},
+        "output_len",
+        f"input_len + output_len = 300 tokens do not fit {where}: at most 56 output tokens with input_len 200",
+    )
+    # within the context, but 12 levels x 2731 requests x 256 tokens: 8389632 tokens, just over the bound
+    levels = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    big = {**ep, "concurrency": levels, "num_prompts": 2731, "input_len": 128, "output_len": 128}
+    assert_refused(
+        api,
+        big,
+        "num_prompts",
+        "12 levels x 2731 num_prompts x 256 tokens (input_len + output_len) = 8389632 tokens; a benchmark asks at "
+        "most 8388608",
+    )
+    # a dataset's prompts: its reply must leave room for one, and the replies count
+    data = {**ep, "dataset_id": trained_run["dataset_id"]}
+    assert_refused(
+        api, {**data, "output_len": 256}, "output_len", f"output_len 256 leaves no room for a prompt in {where}"
+    )
+    assert_refused(
+        api, {**data, "concurrency": levels, "num_prompts": 10_000, "output_len": 100}, "num_prompts", "12000000"
+    )
+    assert api.get("/api/v1/benchmarks").json()["count"] == before  # nothing was made
+    # one request less fits (and is cancelled at once, before it loads the endpoint for long)
+    r = api.post("/api/v1/benchmarks", json={**big, "num_prompts": 2730})
+    assert r.status_code == 201, r.text
+    assert api.post(f"/api/v1/benchmarks/{r.json()['id']}/cancel").status_code == 200
+    assert wait_benchmark(server, api, r.json()["id"])["status"] == "cancelled"
+
+
 def test_a_running_benchmark_is_cancelled_soon_and_its_endpoint_keeps_serving(server, api, endpoint):
     body = {"endpoint_id": endpoint["id"], "concurrency": [4], "num_prompts": 2000, "input_len": 16, "output_len": 200}
     r = api.post("/api/v1/benchmarks", json=body)
