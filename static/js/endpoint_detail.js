@@ -68,12 +68,14 @@
   const B = window.TDBench;
   const benchChart = B.curveChart($("bench-chart"));
   let benchRunning = false;
+  let benchShown = null; // the benchmark on show: the one Cancel cancels
 
   function showBenchmark(b) {
     $("bench-progress").hidden = b.status === "succeeded";
     const pct = b.requests_total ? (100 * b.requests_done) / b.requests_total : 0;
     $("bench-bar").style.width = pct.toFixed(1) + "%";
     $("bench-progress-text").textContent = b.requests_done + " / " + b.requests_total + " requests";
+    $("bench-status").className = "pill pill-run-" + b.status;  // the same states as a run's
     $("bench-status").textContent = b.status;
     $("bench-error").textContent = b.error || "";
     $("bench-error").hidden = !b.error;
@@ -83,7 +85,24 @@
     B.setCurves(benchChart, [b]);
     benchRunning = ["queued", "running"].includes(b.status);
     $("bench-run").disabled = benchRunning || endpoint.status !== "ready";
+    benchShown = b;
+    $("bench-cancel").hidden = !benchRunning;
+    $("bench-cancel").disabled = b.cancel_requested;
+    $("bench-cancel").textContent = b.cancel_requested ? "Cancelling…" : "Cancel";
   }
+
+  // Cancel: the worker stops sending requests at its next beat (a second or so); the watch shows it end.
+  $("bench-cancel").addEventListener("click", async () => {
+    if (!benchShown) return;
+    $("bench-cancel").disabled = true;
+    try {
+      showBenchmark(await api("/api/v1/benchmarks/" + encodeURIComponent(benchShown.id) + "/cancel", { method: "POST" }));
+    } catch (err) {
+      $("bench-error").textContent = err.message;
+      $("bench-error").hidden = false;
+      $("bench-cancel").disabled = false;
+    }
+  });
 
   $("bench-mode").addEventListener("change", () => {
     const rate = $("bench-mode").value === "rate";
@@ -112,18 +131,22 @@
     try {
       const b = await api("/api/v1/benchmarks", { method: "POST", json: body });
       showBenchmark(b);
-      watch("/api/v1/benchmarks/" + encodeURIComponent(b.id) + "?watch=true", {
-        update: (data, src) => {
-          showBenchmark(data);
-          if (!["queued", "running"].includes(data.status)) src.close();
-        },
-      });
+      followBenchmark(b.id);
     } catch (err) {
       $("bench-error").textContent = err.message;
       $("bench-error").hidden = false;
       $("bench-run").disabled = endpoint.status !== "ready";
     }
   });
+
+  function followBenchmark(id) {
+    watch("/api/v1/benchmarks/" + encodeURIComponent(id) + "?watch=true", {
+      update: (data, src) => {
+        showBenchmark(data);
+        if (!["queued", "running"].includes(data.status)) src.close();
+      },
+    });
+  }
 
   async function loadBenchmarks() {
     try {
@@ -133,6 +156,7 @@
       }
       const latest = (await api("/api/v1/benchmarks?limit=1&endpoint_id=" + encodeURIComponent(endpoint.id))).data[0];
       if (latest) showBenchmark(latest);
+      if (latest && ["queued", "running"].includes(latest.status)) followBenchmark(latest.id);
     } catch (_) { /* the form still works */ }
   }
 

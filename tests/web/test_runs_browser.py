@@ -390,6 +390,17 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     page.goto(endpoint_url)
     expect(page.locator("#endpoint-status")).to_have_text("ready")
 
+    # A long benchmark: Cancel stops it, and its badge says so.
+    page.fill("#bench-levels", "2")
+    page.fill("#bench-prompts", "500")
+    page.fill("#bench-output", "100")
+    page.click("#bench-run")
+    expect(page.locator("#bench-status")).to_have_text("running", timeout=30_000)
+    page.click("#bench-cancel")
+    expect(page.locator("#bench-status")).to_have_text("cancelled", timeout=15_000)
+    expect(page.locator("#bench-status")).to_have_class(re.compile(r"\bpill-run-cancelled\b"))
+    expect(page.locator("#bench-cancel")).to_be_hidden()
+
     # Stop: the endpoint stops; Restart starts it again (stopped again at once), and the list shows it so.
     page.click("#stop-button")
     expect(page.locator("#endpoint-status")).to_have_text("stopped", timeout=60_000)
