@@ -31,7 +31,10 @@ class Settings(BaseSettings):
     )
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     stale_seconds: float = Field(
-        default=30.0, gt=0, description="a running run or artifact build whose worker is silent this long is re-queued"
+        default=30.0,
+        gt=0,
+        description="a running run or artifact build whose worker is silent this long is re-queued "
+        "(a benchmark or an endpoint: failed)",
     )
     lost_task_seconds: float = Field(
         default=60.0,
