@@ -216,6 +216,16 @@ def user_create(
 
 
 def main() -> None:
+    from pydantic import ValidationError
+
+    try:
+        get_settings()  # a bad setting stops every command here, with its name, before anything starts
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "TUNEDECK_" + "_".join(str(p) for p in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            typer.echo(f"tunedeck: {message}" if message.startswith(name) else f"tunedeck: {name}: {message}", err=True)
+        raise SystemExit(2) from None
     cli()
 
 

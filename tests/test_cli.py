@@ -1,5 +1,7 @@
 """`tunedeck up` as a newcomer runs it, and the rest of the CLI."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,3 +129,29 @@ def test_user_create(server):
     assert r.returncode == 2 and "taken" in r.stderr
     r = _cli("user", "create", "--username", "dan", "--password", "short", env=server.env)
     assert r.returncode == 2 and "password" in r.stderr
+
+
+def test_a_short_admin_token_is_refused_at_start(tmp_path):
+    """TUNEDECK_ADMIN_TOKEN is an admin's key to everything: one shorter than 32 characters stops the
+    start with a message saying so, before anything listens or is written."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEDECK_")}
+    env.update({"TUNEDECK_DATA_DIR": str(tmp_path), "TUNEDECK_ADMIN_TOKEN": "td_" + "x" * 28})  # 31
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up", "--port", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("tunedeck up started with a 31-character admin token") from None
+    assert proc.returncode == 2, (out, err)
+    assert "TUNEDECK_ADMIN_TOKEN must be at least 32 characters (it has 31)" in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "tunedeck.db").exists()

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_ADMIN_TOKEN = 32
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TUNEDECK_", extra="ignore")
@@ -19,7 +21,9 @@ class Settings(BaseSettings):
     port: int = 8000
     admin_username: str = "admin"
     admin_password: str | None = None
-    admin_token: str | None = None
+    admin_token: str | None = Field(
+        default=None, description="an admin API token with this value exists (at least 32 characters)"
+    )
     secret_key: str | None = None
     pool: str = "cpu"
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
@@ -71,6 +75,18 @@ class Settings(BaseSettings):
         description="where finished artifacts are kept: an fsspec URL prefix (gs://bucket/prefix); "
         "empty: <data dir>/artifacts",
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        if len(v) < MIN_ADMIN_TOKEN:
+            raise ValueError(
+                f"TUNEDECK_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has {len(v)}); make one with: "
+                "python -c 'import secrets; print(\"td_\" + secrets.token_urlsafe(32))'"
+            )
+        return v
 
     @field_validator("data_dir")
     @classmethod
