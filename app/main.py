@@ -23,6 +23,7 @@ from app.core import queue
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
 from app.core.errors import openai_error
+from app.core.headers import SecurityHeaders, add_docs
 from app.core.limits import BodyLimit
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
 from app.core.templating import render
@@ -60,6 +61,8 @@ def create_app() -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="LoRA fine-tuning and serving of open LLMs on TPU hosts",
+        docs_url=None,  # added below, each with the Content-Security-Policy its page needs
+        redoc_url=None,
     )
     app.add_middleware(
         SessionMiddleware,
@@ -71,7 +74,8 @@ def create_app() -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(endpoint_gateway.FastPath)  # the gateway's relayed chunks skip the others
-    app.add_middleware(BodyLimit)  # outermost: no body is read past its cap, before authentication too
+    app.add_middleware(BodyLimit)  # no body is read past its cap, before authentication too
+    app.add_middleware(SecurityHeaders)  # outermost: on every response, the others' refusals included
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
 
     for module in (
@@ -96,6 +100,8 @@ def create_app() -> FastAPI:
         web_pages,
     ):
         app.include_router(module.router)
+
+    add_docs(app)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict:

@@ -181,6 +181,10 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    // <div data-replace-url="/path">: a page a POST made; a reload is a plain GET of /path.
+    const replace = document.querySelector("[data-replace-url]");
+    if (replace) history.replaceState(null, "", replace.dataset.replaceUrl);
+
     refreshAgo();
     setInterval(refreshAgo, 5000);
 
