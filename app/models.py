@@ -1,7 +1,7 @@
 """Every table, imported in one place so that migrations see the whole schema."""
 
 from app.artifacts.models import Artifact
-from app.auth.models import ApiToken, User
+from app.auth.models import ApiToken, LoginFailure, User
 from app.base_models.models import RegisteredModel
 from app.benchmarks.models import Benchmark
 from app.datasets.models import Dataset
@@ -16,6 +16,7 @@ __all__ = [
     "Dataset",
     "Endpoint",
     "EndpointSample",
+    "LoginFailure",
     "Pool",
     "RegisteredModel",
     "Run",

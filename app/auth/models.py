@@ -1,8 +1,12 @@
 from datetime import datetime
 
+from sqlalchemy import false
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
+
+MIN_PASSWORD, MAX_PASSWORD = 8, 256
+MAX_TOKEN_DAYS = 365
 
 
 class UserBase(SQLModel):
@@ -11,7 +15,18 @@ class UserBase(SQLModel):
 
 
 class UserCreate(UserBase):
-    password: str = Field(min_length=8, max_length=256)
+    password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
+
+
+class UserUpdate(SQLModel):
+    """What an admin changes on a user (PATCH /api/v1/users/{id})."""
+
+    model_config = {"extra": "forbid"}  # a misspelt field is an error, not a silent no-op
+    disabled: bool | None = Field(
+        default=None,
+        description="true: the user can no longer log in, and their API tokens, sessions and live streams "
+        "stop at once; false: enabled again (their tokens work again; old sessions stay ended)",
+    )
 
 
 class User(UserBase, table=True):
@@ -20,15 +35,36 @@ class User(UserBase, table=True):
     username: str = Field(max_length=64, unique=True, index=True)
     hashed_password: str
     created_at: datetime = Field(default_factory=utcnow)
+    disabled: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    # In each session cookie; bumped to end every session at once (password change, disabled).
+    session_version: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class UserPublic(UserBase):
     id: int
     created_at: datetime
+    disabled: bool
+
+
+class LoginFailure(SQLModel, table=True):
+    """A failed login, kept for the limits' window (TUNEDECK_LOGIN_WINDOW_SECONDS). In the database, so
+    that every web process counts the same failures."""
+
+    __tablename__ = "login_failures"  # pyright: ignore[reportAssignmentType]
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(max_length=64, index=True)  # as typed (cut to 64): unknown names count too
+    address: str = Field(max_length=64, index=True)
+    at: datetime = Field(default_factory=utcnow, index=True)
 
 
 class ApiTokenCreate(SQLModel):
     name: str = Field(min_length=1, max_length=100)
+    expires_in_days: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TOKEN_DAYS,
+        description="the token stops working this many days from now; unset: it works until revoked",
+    )
 
 
 class ApiToken(SQLModel, table=True):
@@ -41,6 +77,7 @@ class ApiToken(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+    expires_at: datetime | None = None
 
 
 class ApiTokenPublic(SQLModel):
@@ -50,6 +87,7 @@ class ApiTokenPublic(SQLModel):
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    expires_at: datetime | None
 
 
 class ApiTokenCreated(ApiTokenPublic):

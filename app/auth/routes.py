@@ -13,6 +13,7 @@ from app.auth.models import (
     UserCreate,
     UserPublic,
     UsersPublic,
+    UserUpdate,
 )
 from app.core import errors
 from app.core.deps import AdminUser, CurrentUser, SessionDep
@@ -40,6 +41,17 @@ def create_user(data: UserCreate, session: SessionDep, _: AdminUser) -> User:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 
 
+@router.patch("/users/{user_id}", response_model=UserPublic)
+def update_user(user_id: int, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
+    """Disable (`{"disabled": true}`) or enable a user. A disabled user cannot log in, and their API
+    tokens, dashboard sessions and live streams stop at once."""
+    user = errors.found(session.get(User, user_id), "user", user_id)
+    try:
+        return service.update_user(session, admin, user, data)
+    except errors.FieldError as exc:
+        raise errors.answer(exc) from exc
+
+
 @router.get("/tokens", response_model=ApiTokensPublic)
 def list_tokens(session: SessionDep, user: CurrentUser) -> ApiTokensPublic:
     tokens = service.list_tokens(session, user)
@@ -48,8 +60,9 @@ def list_tokens(session: SessionDep, user: CurrentUser) -> ApiTokensPublic:
 
 @router.post("/tokens", response_model=ApiTokenCreated, status_code=status.HTTP_201_CREATED)
 def create_token(data: ApiTokenCreate, session: SessionDep, user: CurrentUser) -> ApiTokenCreated:
-    """Mint a token. Its secret is in this response only; Tunedeck keeps just a hash."""
-    token, secret = service.create_token(session, user, data.name)
+    """Mint a token, for good or for `expires_in_days`. Its secret is in this response only; Tunedeck
+    keeps just a hash."""
+    token, secret = service.create_token(session, user, data.name, expires_in_days=data.expires_in_days)
     return ApiTokenCreated(**token.model_dump(), token=secret)
 
 

@@ -46,6 +46,20 @@ class Settings(BaseSettings):
         description="a row waiting this long for a task its queue does not hold has the task sent again",
     )
     cookie_secure: bool = False
+    login_window_seconds: float = Field(
+        default=60.0, gt=0, le=86400, description="the window in which failed logins are counted"
+    )
+    login_failures_per_account: int = Field(
+        default=5, ge=1, description="failed logins of one username in the window before it must wait (429)"
+    )
+    login_failures_per_address: int = Field(
+        default=20, ge=1, description="failed logins from one client address in the window before it must wait (429)"
+    )
+    password_checks: int = Field(
+        default=2,
+        ge=1,
+        description="argon2 password checks at once per web process (64 MiB and a core each); more wait their turn",
+    )
     web_workers: int = Field(default=1, ge=1, description="web processes (uvicorn workers)")
     web_threads: int = Field(default=8, ge=1, description="threads per web process for sync endpoints")
     probe_seconds: float = Field(

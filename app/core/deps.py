@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from app.auth import service as auth_service
 from app.auth.models import User
-from app.core.db import get_session, release
+from app.core.db import get_session, release, session_scope
 from app.core.security import bearer_secret
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -63,20 +63,55 @@ def _authenticate(request: Request, session: Session, secret: str | None) -> Use
 
 def _user_of(request: Request, session: Session, secret: str | None) -> User:
     if secret is not None:
-        user = auth_service.user_for_token(session, secret)
-        if user is None:
-            raise _unauthorized("invalid or revoked API token")
-        return user
-    user_id = request.session.get("user_id")
-    user = session.get(User, user_id) if user_id is not None else None
+        try:
+            return auth_service.user_for_token(session, secret)
+        except auth_service.TokenRefused as exc:
+            raise _unauthorized(str(exc)) from None
+    logged_in = "user_id" in request.session
+    user = session_user(request, session)
     if user is None:
-        raise _unauthorized("missing API token: send 'Authorization: Bearer <token>'")
+        raise _unauthorized(SESSION_ENDED if logged_in else "missing API token: send 'Authorization: Bearer <token>'")
     if request.method not in SAFE_METHODS and not _csrf_ok(request, request.headers.get("x-csrf-token")):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or wrong X-CSRF-Token header")
     return user
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]
+
+SESSION_ENDED = "your session has ended (password changed, or account disabled): log in again"
+
+
+def log_in(request: Request, user: User) -> None:
+    """Make the request's session cookie this user's: a fresh session (and CSRF token) carrying the
+    user's session version, which ends it once the version moves on."""
+    request.session.clear()
+    request.session["user_id"] = user.id
+    request.session["sv"] = user.session_version
+
+
+def session_user(request: Request, session: Session) -> User | None:
+    """The user of the request's session cookie, if that session still holds; one that ended is
+    cleared (the browser's cookie with it)."""
+    if "user_id" not in request.session:
+        return None
+    user = auth_service.session_user(session, request.session["user_id"], request.session.get("sv", 0))
+    if user is None:
+        request.session.clear()
+    return user
+
+
+def refusal(request: Request) -> str | None:
+    """Why the request's credentials no longer hold (None: they do): asked again and again by live
+    streams, in a session of its own, from the database (no cache)."""
+    header = request.headers.get("authorization")
+    secret = bearer_secret(header) if header else None
+    with session_scope() as session:
+        if secret is not None:
+            return auth_service.token_refusal(session, secret)
+        user_id = request.session.get("user_id")
+        if auth_service.session_user(session, user_id, request.session.get("sv", 0)) is None:
+            return SESSION_ENDED
+    return None
 
 
 def get_admin(user: CurrentUser) -> User:
@@ -93,8 +128,7 @@ class LoginRequired(Exception):
 
 
 def get_web_user(request: Request, session: SessionDep) -> User:
-    user_id = request.session.get("user_id")
-    user = session.get(User, user_id) if user_id is not None else None
+    user = session_user(request, session)
     release(session)
     if user is None:
         raise LoginRequired()

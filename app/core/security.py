@@ -1,10 +1,19 @@
-"""Password hashing and API-token minting. Tokens are random and stored only as sha256."""
+"""Password hashing and API-token minting. Tokens are random and stored only as sha256.
+
+An argon2 check takes 64 MiB and tens of milliseconds of a core on purpose: in the web process they run
+through `check_password`/`make_password`, a few at a time (TUNEDECK_PASSWORD_CHECKS) in threads of their
+own, so a burst of logins neither takes every request thread nor the memory of one check per request."""
 
 import hashlib
 import secrets
+from functools import cache
 
+import anyio
+import anyio.to_thread
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+
+from app.core.config import get_settings
 
 _hasher = PasswordHasher()
 TOKEN_PREFIX = "td_"
@@ -19,6 +28,31 @@ def verify_password(password: str, hashed: str) -> bool:
         return _hasher.verify(hashed, password)
     except (VerificationError, InvalidHashError):
         return False
+
+
+@cache
+def _dummy_hash() -> str:
+    return hash_password(secrets.token_urlsafe(16))
+
+
+def _check(password: str, hashed: str | None) -> bool:
+    # No user: the same work against a hash no password matches, so the time does not tell.
+    matched = verify_password(password, hashed or _dummy_hash())
+    return matched and hashed is not None
+
+
+@cache
+def _limiter() -> anyio.CapacityLimiter:
+    return anyio.CapacityLimiter(get_settings().password_checks)
+
+
+async def check_password(password: str, hashed: str | None) -> bool:
+    """Whether `password` matches `hashed` (None: the user does not exist, and it takes as long)."""
+    return await anyio.to_thread.run_sync(_check, password, hashed, limiter=_limiter())
+
+
+async def make_password(password: str) -> str:
+    return await anyio.to_thread.run_sync(hash_password, password, limiter=_limiter())
 
 
 def new_token() -> str:

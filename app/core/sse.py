@@ -2,10 +2,13 @@
 
 Workers write state to the database; a watch polls it (cheaply, by a fingerprint) and sends an
 event whenever the fingerprint changes. This works the same over SQLite and PostgreSQL and needs
-nothing else running.
+nothing else running. Every RECHECK_SECONDS a watch asks again whether its caller's token or session
+still holds (revoked, expired, user disabled, password changed): if not, it sends `unauthorized` with
+the reason and ends.
 """
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +18,10 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.core.db import session_scope
+from app.core.deps import refusal
 
 POLL_SECONDS = 0.5
+RECHECK_SECONDS = 3.0
 
 
 def watch(
@@ -29,7 +34,13 @@ def watch(
 
     async def events():
         last = object()
+        checked = time.monotonic()
         while not await request.is_disconnected():
+            if time.monotonic() - checked >= RECHECK_SECONDS:
+                checked = time.monotonic()
+                if (reason := await run_in_threadpool(refusal, request)) is not None:
+                    yield {"event": "unauthorized", "data": orjson.dumps({"detail": reason}).decode()}
+                    return
             current = await run_in_threadpool(snapshot)
             if current is None:
                 yield {"event": "deleted", "data": "{}"}

@@ -146,6 +146,12 @@
     };
     source.onopen = () => setLive(true, "Live");
     source.onerror = () => setLive(false, source.readyState === EventSource.CLOSED ? "Disconnected" : "Reconnecting…");
+    // The server ends a stream whose session ended (password changed, account disabled): log in again.
+    source.addEventListener("unauthorized", () => {
+      source.close();
+      setLive(false, "Signed out");
+      window.location.assign("/login?next=" + encodeURIComponent(window.location.pathname + window.location.search));
+    });
     for (const [name, fn] of Object.entries(handlers)) {
       source.addEventListener(name, (event) => {
         let data = null;

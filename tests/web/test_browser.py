@@ -10,7 +10,8 @@ import uuid
 import httpx
 from playwright.sync_api import Page, expect
 
-from tests.conftest import ARTIFACTS, upload, wait_dataset
+from tests.conftest import ARTIFACTS, make_user, upload, wait_dataset
+from tests.web.conftest import watch_page_errors
 
 LIVE_TIMEOUT = 60_000  # ms: validation runs in the worker; the page follows it over SSE
 
@@ -255,3 +256,43 @@ def test_token_page_shows_secret_once(page: Page, server):
 
     me = httpx.get(f"{server.base_url}/api/v1/users/me", headers={"Authorization": f"Bearer {secret}"})
     assert me.status_code == 401, me.text
+
+
+def test_a_member_changes_their_password_and_an_admin_disables_them(browser, page: Page, server):
+    """The login, password and users pages in a browser (under the CSP like the rest): a member changes
+    their password; an admin disables them on the users page, and the member's next page is the login."""
+    name, password, token = make_user(server)
+    user_id = httpx.get(f"{server.base_url}/api/v1/users/me", headers={"Authorization": f"Bearer {token}"}).json()["id"]
+    context = browser.new_context(base_url=server.base_url, viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    watch_page_errors(context, errors)
+    member = context.new_page()
+    member.goto("/login")
+    member.fill("input[name=username]", name)
+    member.fill("input[name=password]", password)
+    member.click("button[type=submit]")
+    member.wait_for_url(f"{server.base_url}/")
+
+    member.click("nav >> text=Password")
+    member.wait_for_url(f"{server.base_url}/settings/password")
+    new = f"new-{uuid.uuid4().hex}"
+    member.fill("#current-password", password)
+    member.fill("#new-password", new)
+    member.fill("#new-password-again", new)
+    member.click("#change-password")
+    expect(member.locator(".alert-success")).to_contain_text("Your password was changed")
+    member.screenshot(path=str(ARTIFACTS / "password-changed.png"), full_page=True)
+
+    page.goto("/settings/users")
+    row = page.locator(f'tr[data-user="{user_id}"]')
+    expect(row).to_contain_text(name)
+    page.once("dialog", lambda dialog: dialog.accept())
+    with page.expect_navigation():
+        row.get_by_role("button", name="Disable").click()
+    expect(page.locator(f'tr[data-user="{user_id}"] .pill')).to_have_text("disabled")
+    page.screenshot(path=str(ARTIFACTS / "users.png"), full_page=True)
+
+    member.goto("/runs")
+    expect(member).to_have_url(re.compile(r"/login\?next=/runs$"))
+    context.close()
+    assert not errors, errors
