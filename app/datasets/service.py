@@ -180,6 +180,7 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
             file_type=dataset.requested_file_type,
             fmt=dataset.requested_format,
             progress=progress,
+            max_bytes=get_settings().max_upload_bytes,
         )
     except DatasetFormatError as exc:
         _fail(dataset, str(exc))

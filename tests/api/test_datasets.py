@@ -5,6 +5,7 @@ import json
 import socket
 import time
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -179,3 +180,52 @@ def test_demo_dataset_imports_in_one_call(server, api):
     d = wait_dataset(server, api, r.json()["id"])
     assert d["status"] == "ready" and d["format"] == "chat" and d["rows"] >= 100
     assert d["filename"].endswith(".jsonl")
+
+
+def _parquet(table: pa.Table, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **kwargs)
+    return buf.getvalue()
+
+
+def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
+    """A Parquet file of under 2 KB whose one dictionary value (1 MiB) is repeated 16384 times decodes to
+    16 GiB: it ends invalid at once, naming the file, the row group and the column, and the worker's
+    memory does not grow while it is looked at."""
+    from tests.api.test_runs_lifecycle import worker_tree
+
+    rows = 1 << 14
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * (1 << 20)]))
+    content = _parquet(pa.table({"text": text}), compression="zstd")
+    assert len(content) < 2048
+
+    baseline: dict[int, int] = {}
+    growth = [0]
+
+    def sample() -> None:  # the most any worker process grew (not the standby training process)
+        for proc in worker_tree(server):
+            try:
+                if "worker.runs" in " ".join(proc.cmdline()):
+                    continue
+                rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            growth[0] = max(growth[0], rss - baseline.setdefault(proc.pid, rss))
+
+    sample()
+    start = time.monotonic()
+    created = upload(api, "bomb.parquet", content).json()
+
+    def done():
+        sample()
+        d = api.get(f"/api/v1/datasets/{created['id']}").json()
+        return d if d["status"] != "validating" else None
+
+    d = server.wait_for(done, timeout=30, interval=0.05, what="the bomb's validation to end")
+    assert time.monotonic() - start < 10
+    assert d["status"] == "invalid" and d["error_count"] == 1, d["errors"]
+    message = d["errors"][0]["message"]
+    assert message.startswith("bomb.parquet: ") and "row group 0" in message and "column 'text'" in message, message
+    assert "16.0 GiB" in message, message
+    assert growth[0] < 100 << 20, f"a worker process grew by {growth[0] >> 20} MiB"
+    assert api.get("/healthz").status_code == 200
