@@ -2,6 +2,8 @@
 
 import io
 import json
+import os
+import signal
 import socket
 import time
 
@@ -188,6 +190,10 @@ def _parquet(table: pa.Table, **kwargs) -> bytes:
     return buf.getvalue()
 
 
+def _dataset_file(server, dataset_id: str) -> str:
+    return str(server.data_dir / "storage" / "datasets" / dataset_id / "data")
+
+
 def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
     """A Parquet file of under 2 KB whose one dictionary value (1 MiB) is repeated 16384 times decodes to
     16 GiB: it ends invalid at once, naming the file, the row group and the column, and the worker's
@@ -228,4 +234,38 @@ def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
     assert message.startswith("bomb.parquet: ") and "row group 0" in message and "column 'text'" in message, message
     assert "16.0 GiB" in message, message
     assert growth[0] < 100 << 20, f"a worker process grew by {growth[0] >> 20} MiB"
+    assert api.get("/healthz").status_code == 200
+
+
+def test_a_validation_whose_worker_dies_gives_up_after_three_attempts(server, api):
+    """A file that kills the process validating it (as the kernel's OOM killer would) is tried three times,
+    then ends invalid with the reason, instead of killing the general queue's consumers forever."""
+    from tests.api.test_runs_lifecycle import worker_tree
+
+    rows = 1 << 18  # a few KB on disk, seconds to validate: time to find the process and kill it
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["some slow text"]))
+    created = upload(api, "killer.parquet", _parquet(pa.table({"text": text}))).json()
+    path = _dataset_file(server, created["id"])
+    killed: set[int] = set()
+
+    def validating_process():
+        for proc in worker_tree(server):
+            try:
+                if proc.pid not in killed and any(f.path == path for f in proc.open_files()):
+                    return proc
+            except psutil.Error:
+                continue
+        return None
+
+    for _ in range(3):
+        proc = server.wait_for(validating_process, timeout=20, interval=0.02, what="a process validating the file")
+        os.kill(proc.pid, signal.SIGKILL)
+        killed.add(proc.pid)
+
+    d = wait_dataset(server, api, created["id"], timeout=30)
+    assert d["status"] == "invalid", d
+    assert [e["message"] for e in d["errors"]] == [
+        "killer.parquet: validation gave up: the process validating it was lost 3 times "
+        "(killed, perhaps for running out of memory)"
+    ]
     assert api.get("/healthz").status_code == 200
