@@ -755,6 +755,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         csv.field_size_limit(_CSV_FIELD_LIMIT)
     bad_utf8: list[int] = []  # physical lines that are not valid UTF-8 (decoded with U+FFFD instead)
     too_long: list[int] = []  # a line over _MAX_LINE bytes: reading stops there (memory stays bounded)
+    # The bytes of the record being read: a quoted field can span lines, and a record hold many fields.
+    # The line where a record passes _CSV_FIELD_LIMIT bytes is the last one read.
+    record = [0]
+    long_record: list[int] = []
 
     def text_lines(f):
         # Decode line by line (not in 8 KiB blocks) so an invalid byte is pinned to its line.
@@ -764,6 +768,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         for raw_line in iter(functools.partial(f.readline, _MAX_LINE), b""):
             if len(raw_line) >= _MAX_LINE and not raw_line.endswith(b"\n"):
                 too_long.append(n + 1)
+                return
+            record[0] += len(raw_line)
+            if record[0] > _CSV_FIELD_LIMIT:
+                long_record.append(n + 1)
                 return
             if n == 0 and raw_line.startswith(b"\xef\xbb\xbf"):
                 raw_line = raw_line[3:]
@@ -785,18 +793,24 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         reader = csv.reader(text_lines(raw))
         header = None
         try:
-            for row in reader:
-                if row:
-                    header = row
+            while header is None:
+                record[0] = 0
+                row = next(reader, None)
+                if row is None:
                     break
+                header = row or None
         except csv.Error as exc:
             raise DatasetFormatError(f"{filename}: cannot read the CSV header: {exc}") from exc
-        if header is None:
-            return  # no records
         if too_long:
             raise DatasetFormatError(
                 f"{filename}: cannot read the CSV header: line 1 is longer than {_MAX_LINE >> 20} MiB"
             )
+        if long_record:
+            raise DatasetFormatError(
+                f"{filename}: cannot read the CSV header: it is longer than {_CSV_FIELD_LIMIT >> 20} MiB"
+            )
+        if header is None:
+            return  # no records
         header_line = reader.line_num
         cols = [c.strip() for c in header]
         if acc.fmt is None:
@@ -817,6 +831,7 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         n = 0
         while True:
             start = reader.line_num + 1
+            record[0] = 0
             try:
                 row = next(reader)
             except StopIteration:
@@ -826,8 +841,14 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
                     )
                 break
             except csv.Error as exc:
+                if long_record:
+                    acc.file_error(start, _long_record(start))
+                    break
                 acc.add_invalid(start, None, f"CSV error: {exc}")
                 continue
+            if long_record:
+                acc.file_error(start, _long_record(start))
+                break
             if not row:
                 continue  # blank line
             if bad_utf8 and bad_utf8[-1] >= start:
@@ -842,6 +863,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
             n += 1
             if not n & 1023:
                 prog.maybe(raw.tell())
+
+
+def _long_record(line: int) -> str:
+    return f"the record on line {line} is longer than {_CSV_FIELD_LIMIT >> 20} MiB; stopped reading here"
 
 
 def _decode_messages_cell(acc: _Accumulator, line: int, obj: dict) -> bool:

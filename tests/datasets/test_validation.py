@@ -775,6 +775,19 @@ def test_overlong_lines_are_reported_not_held(tmp_path):
     assert report.errors[0]["line"] == 3 and "longer than 16 MiB" in report.errors[0]["message"]
 
 
+def test_csv_record_of_many_long_fields_is_not_held(tmp_path):
+    """Each line is short and each field under the 64 MiB field limit, but the record on line 3 holds
+    three fields of 30 MiB: reading stops there, as at an overlong line, instead of holding it whole."""
+    field = b'"' + (b"y" * ((1 << 20) - 1) + b"\n") * 30 + b'"'
+    path = tmp_path / "wide.csv"
+    path.write_bytes(b"text,a,b\nshort,1,2\n" + b",".join([field] * 3) + b"\nafter,3,4\n")
+    report = validate_file(path, "wide.csv")
+    assert report.errors == [
+        {"line": 3, "field": None, "message": "the record on line 3 is longer than 64 MiB; stopped reading here"}
+    ]
+    assert report.rows == report.valid_rows == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Parquet files that decode to far more than they weigh
 
