@@ -194,12 +194,26 @@ def _dataset_file(server, dataset_id: str) -> str:
     return str(server.data_dir / "storage" / "datasets" / dataset_id / "data")
 
 
+def _worker_processes(server) -> list[psutil.Process]:
+    """The worker's Celery processes (the main one and its pool processes; not the training standbys)."""
+    try:
+        under_up = psutil.Process(server.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in under_up:
+        try:
+            if "app.cli worker" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:  # gone, or a zombie not yet reaped
+            continue
+    return found
+
+
 def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
     """A Parquet file of under 2 KB whose one dictionary value (1 MiB) is repeated 16384 times decodes to
     16 GiB: it ends invalid at once, naming the file, the row group and the column, and the worker's
     memory does not grow while it is looked at."""
-    from tests.api.test_runs_lifecycle import worker_tree
-
     rows = 1 << 14
     text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * (1 << 20)]))
     content = _parquet(pa.table({"text": text}), compression="zstd")
@@ -208,11 +222,9 @@ def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
     baseline: dict[int, int] = {}
     growth = [0]
 
-    def sample() -> None:  # the most any worker process grew (not the standby training process)
-        for proc in worker_tree(server):
+    def sample() -> None:  # the most any worker process grew
+        for proc in _worker_processes(server):
             try:
-                if "worker.runs" in " ".join(proc.cmdline()):
-                    continue
                 rss = proc.memory_info().rss
             except psutil.Error:
                 continue
@@ -240,8 +252,6 @@ def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
 def test_a_validation_whose_worker_dies_gives_up_after_three_attempts(server, api):
     """A file that kills the process validating it (as the kernel's OOM killer would) is tried three times,
     then ends invalid with the reason, instead of killing the general queue's consumers forever."""
-    from tests.api.test_runs_lifecycle import worker_tree
-
     rows = 1 << 18  # a few KB on disk, seconds to validate: time to find the process and kill it
     text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["some slow text"]))
     created = upload(api, "killer.parquet", _parquet(pa.table({"text": text}))).json()
@@ -249,7 +259,7 @@ def test_a_validation_whose_worker_dies_gives_up_after_three_attempts(server, ap
     killed: set[int] = set()
 
     def validating_process():
-        for proc in worker_tree(server):
+        for proc in _worker_processes(server):
             try:
                 if proc.pid not in killed and any(f.path == path for f in proc.open_files()):
                     return proc
