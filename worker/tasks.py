@@ -7,7 +7,11 @@ from worker import artifacts, benchmarks, endpoints, runs
 from worker.celery_app import celery
 
 
-@celery.task(name=queue.VALIDATE_DATASET)
+# A pool process that dies mid-validation (killed: out of memory) has its task sent again at once, as a
+# new message rather than the old one put back (kombu's SQLite broker can lose that one: it puts it back
+# from another thread, on the session the consumer is using). datasets.service.validate counts the
+# attempts and gives up after a few, so Celery does not limit the retries.
+@celery.task(name=queue.VALIDATE_DATASET, retry_on_worker_lost=True, default_retry_delay=0, max_retries=None)
 def validate_dataset(dataset_id: str) -> None:
     with session_scope() as session:
         datasets.validate(session, dataset_id)

@@ -18,9 +18,9 @@ def utcnow() -> datetime:
 
 
 def claim(session: Session, row: SQLModel, **values) -> bool:
-    """Take ``row`` (a run or an artifact) for one more attempt: a compare-and-set on its ``attempts``,
-    so that of two deliveries of the same task only one goes on. Sets ``values`` with it; False (and
-    nothing changed) when another took it first."""
+    """Take ``row`` (a run, an artifact, an endpoint, a dataset) for one more attempt: a compare-and-set
+    on its ``attempts``, so that of two deliveries of the same task only one goes on. Sets ``values``
+    with it; False (and nothing changed) when another took it first."""
     table = type(row)
     taken = session.execute(
         update(table)

@@ -50,6 +50,9 @@ def make_celery() -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
+        # No results are kept, so there is none to wait for once a pool process has died (killed, out
+        # of memory): its task goes back on the queue after a second instead of ten.
+        worker_lost_wait=1.0,
         enable_utc=True,
     )
     if celery.conf.broker_url.startswith(("redis://", "rediss://")):

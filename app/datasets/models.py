@@ -34,6 +34,7 @@ class Dataset(DatasetBase, table=True):
     requested_format: str | None = Field(default=None, max_length=32)
     status: DatasetStatus = Field(default=DatasetStatus.validating, index=True, sa_type=AutoString(16))
     progress_bytes: int = Field(default=0, sa_type=BigInteger)
+    attempts: int = 0  # deliveries of its validation task that took it (``claim``): a few, then it gives up
     rows: int | None = None
     valid_rows: int | None = None
     error_count: int = 0

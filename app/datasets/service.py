@@ -13,7 +13,7 @@ from sqlmodel import Session, col, func, select
 from app.auth.models import User
 from app.core import queue
 from app.core.config import Settings, get_settings
-from app.core.db import utcnow
+from app.core.db import claim, utcnow
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
 from app.datasets import demo
@@ -21,6 +21,9 @@ from app.datasets.models import Dataset, DatasetStatus
 from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
 
 PURPOSES = ("fine-tune",)
+# A validation whose worker process dies this often (killed; a file can make it run out of memory) gives
+# up: the dataset ends invalid instead of killing the general queue's consumers again and again.
+MAX_VALIDATION_ATTEMPTS = 3
 REPORT_COLUMNS = (Dataset.duplicates, Dataset.stats, Dataset.preview)  # bulky; errors are capped and listed
 
 
@@ -161,9 +164,23 @@ def delete_dataset(session: Session, dataset: Dataset) -> None:
 
 
 def validate(session: Session, dataset_id: str) -> Dataset | None:
-    """Validate a stored dataset (the worker's job); records the report or the reason it failed."""
+    """Validate a stored dataset (the worker's job); records the report or the reason it failed.
+
+    Each delivery of the task takes the dataset for one more attempt (``claim``); a dataset still
+    `validating` when a delivery comes had its earlier attempts' processes die, and after
+    MAX_VALIDATION_ATTEMPTS of those it ends invalid, saying so. None when there is nothing to do
+    (deleted, already validated, or taken by another delivery)."""
     dataset = session.get(Dataset, dataset_id)
-    if dataset is None:
+    if dataset is None or dataset.status != DatasetStatus.validating:
+        return None
+    if dataset.attempts >= MAX_VALIDATION_ATTEMPTS:
+        _fail(
+            dataset,
+            f"{dataset.filename}: validation gave up: the process validating it was lost {dataset.attempts} times "
+            "(killed, perhaps for running out of memory)",
+        )
+        return _done(session, dataset)
+    if not claim(session, dataset, progress_bytes=0, updated_at=utcnow()):
         return None
 
     def progress(done: int, total: int) -> None:
@@ -172,8 +189,6 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
         session.add(dataset)
         session.commit()
 
-    dataset.status = DatasetStatus.validating
-    progress(0, dataset.bytes)
     try:
         report = validate_file(
             file_path(dataset),
@@ -181,13 +196,14 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
             file_type=dataset.requested_file_type,
             fmt=dataset.requested_format,
             progress=progress,
+            max_bytes=get_settings().max_upload_bytes,
         )
     except DatasetFormatError as exc:
         _fail(dataset, str(exc))
     except Exception as exc:
         session.rollback()
         _fail(dataset, f"validation crashed: {type(exc).__name__}: {exc}")
-        _finish(session, dataset)
+        _done(session, dataset)
         raise
     else:
         dataset.file_type, dataset.format = report.file_type, report.format
@@ -196,6 +212,10 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
         dataset.duplicates, dataset.duplicate_count = report.duplicates, report.duplicate_count
         dataset.stats, dataset.preview = report.stats, report.preview
         dataset.status = DatasetStatus.ready if report.ok else DatasetStatus.invalid
+    return _done(session, dataset)
+
+
+def _done(session: Session, dataset: Dataset) -> Dataset:
     _finish(session, dataset)
     from app.runs import service as runs  # runs build on datasets; import here to keep that direction
 

@@ -4,9 +4,11 @@ Pure Python: stdlib + orjson + numpy (+ pyarrow, imported only for Parquet). No 
 imports, so the worker can call :func:`validate_file` directly and the tests can run it on files.
 
 Memory stays flat as the file grows: the file is streamed (JSONL and CSV line by line, each line
-at most 16 MiB; Parquet in 1024-row batches) and each valid record leaves behind only two int64
-values (a 64-bit duplicate hash and a packed ``chars << 24 | system_flag << 23 | n_messages`` word),
-plus one 16-byte entry per skipped line (blank or invalid) to recover physical line numbers.
+at most 16 MiB; Parquet in batches of at most 1024 rows that the footer says decode to at most about
+64 MiB, made into Python objects 16 MiB at a time, each record at most 16 MiB) and each valid record
+leaves behind only two int64 values (a 64-bit duplicate hash and a packed ``chars << 24 |
+system_flag << 23 | n_messages`` word), plus one 16-byte entry per skipped line (blank or invalid)
+to recover physical line numbers.
 Lengths and the histogram are then summarised block by block; the lengths are freed before the
 duplicate pass, whose only O(n) extra is one sorted copy of the hashes.
 
@@ -59,7 +61,13 @@ _PROGRESS_EVERY_LINES = 4096
 _HEAD = 1 << 16  # bytes read to sniff the file type
 _DETECT_MAX_RECORDS = 1000  # non-blank JSONL lines inspected to find the first parseable object
 _DETECT_MAX_BYTES = 16 << 20
-_PARQUET_BATCH = 1024
+_PARQUET_BATCH = 1024  # rows per Parquet batch at most
+_PARQUET_BATCH_BYTES = 64 << 20  # what a batch may decode to in Arrow, by the footer's bounds (see _row_bytes)
+_PARQUET_SLICE_BYTES = 16 << 20  # what the records made into Python objects at once may decode to
+_PARQUET_COUNT_BATCH = 1 << 16  # rows per batch when only dictionary indices are counted
+_VALUE_BYTES = 16  # counted for each value on top of its text: about what it costs in JSON (quotes, key, comma)
+_FIXED_WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+_DICTIONARY_ENCODINGS = frozenset({"PLAIN_DICTIONARY", "RLE_DICTIONARY"})
 _CSV_FIELD_LIMIT = 64 << 20
 
 _EXTENSIONS = {
@@ -91,6 +99,11 @@ _MISSING = object()
 
 class DatasetFormatError(ValueError):
     """The file type or the dataset format cannot be determined, or an unknown one was requested."""
+
+
+class DatasetTooLargeError(DatasetFormatError):
+    """The records would decode to more than a dataset may hold (a Parquet file that decompresses a
+    thousandfold, or whose values all point to one long dictionary entry)."""
 
 
 class _RecordError(Exception):
@@ -742,6 +755,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         csv.field_size_limit(_CSV_FIELD_LIMIT)
     bad_utf8: list[int] = []  # physical lines that are not valid UTF-8 (decoded with U+FFFD instead)
     too_long: list[int] = []  # a line over _MAX_LINE bytes: reading stops there (memory stays bounded)
+    # The bytes of the record being read: a quoted field can span lines, and a record hold many fields.
+    # The line where a record passes _CSV_FIELD_LIMIT bytes is the last one read.
+    record = [0]
+    long_record: list[int] = []
 
     def text_lines(f):
         # Decode line by line (not in 8 KiB blocks) so an invalid byte is pinned to its line.
@@ -751,6 +768,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         for raw_line in iter(functools.partial(f.readline, _MAX_LINE), b""):
             if len(raw_line) >= _MAX_LINE and not raw_line.endswith(b"\n"):
                 too_long.append(n + 1)
+                return
+            record[0] += len(raw_line)
+            if record[0] > _CSV_FIELD_LIMIT:
+                long_record.append(n + 1)
                 return
             if n == 0 and raw_line.startswith(b"\xef\xbb\xbf"):
                 raw_line = raw_line[3:]
@@ -772,18 +793,24 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         reader = csv.reader(text_lines(raw))
         header = None
         try:
-            for row in reader:
-                if row:
-                    header = row
+            while header is None:
+                record[0] = 0
+                row = next(reader, None)
+                if row is None:
                     break
+                header = row or None
         except csv.Error as exc:
             raise DatasetFormatError(f"{filename}: cannot read the CSV header: {exc}") from exc
-        if header is None:
-            return  # no records
         if too_long:
             raise DatasetFormatError(
                 f"{filename}: cannot read the CSV header: line 1 is longer than {_MAX_LINE >> 20} MiB"
             )
+        if long_record:
+            raise DatasetFormatError(
+                f"{filename}: cannot read the CSV header: it is longer than {_CSV_FIELD_LIMIT >> 20} MiB"
+            )
+        if header is None:
+            return  # no records
         header_line = reader.line_num
         cols = [c.strip() for c in header]
         if acc.fmt is None:
@@ -804,6 +831,7 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
         n = 0
         while True:
             start = reader.line_num + 1
+            record[0] = 0
             try:
                 row = next(reader)
             except StopIteration:
@@ -813,8 +841,14 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
                     )
                 break
             except csv.Error as exc:
+                if long_record:
+                    acc.file_error(start, _long_record(start))
+                    break
                 acc.add_invalid(start, None, f"CSV error: {exc}")
                 continue
+            if long_record:
+                acc.file_error(start, _long_record(start))
+                break
             if not row:
                 continue  # blank line
             if bad_utf8 and bad_utf8[-1] >= start:
@@ -829,6 +863,10 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
             n += 1
             if not n & 1023:
                 prog.maybe(raw.tell())
+
+
+def _long_record(line: int) -> str:
+    return f"the record on line {line} is longer than {_CSV_FIELD_LIMIT >> 20} MiB; stopped reading here"
 
 
 def _decode_messages_cell(acc: _Accumulator, line: int, obj: dict) -> bool:
@@ -848,6 +886,8 @@ def _decode_messages_cell(acc: _Accumulator, line: int, obj: dict) -> bool:
 
 
 def _arrow_messages_ok(pa, typ) -> bool:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return True
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):
@@ -855,7 +895,269 @@ def _arrow_messages_ok(pa, typ) -> bool:
     return False
 
 
-def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, total: int) -> None:
+# Parquet: what the records decode to, known before they are decoded.
+#
+# A few KB of Parquet can decode to terabytes: a column whose values are all one long dictionary entry
+# (each row costs a few bits of run-length encoded index), values that each repeat the one before
+# (DELTA_BYTE_ARRAY), or one long value that compresses a thousandfold. The footer gives each column
+# chunk's value count and uncompressed size, which is what its values decode to unless they repeat;
+# where they may, the longest dictionary entry bounds each value (the dictionary is read alone), and
+# where that bound is too loose to tell, the dictionary indices are counted without decoding values.
+# A file whose records come to more than a dataset may hold is refused before any is decoded; the
+# others are decoded in batches these sizes keep small. The footer can lie; a file that still kills
+# its worker is given up after a few attempts (datasets.service.validate).
+
+
+def _size(n: int) -> str:
+    """A byte count for people: 512 bytes, 1.4 KiB, 16.0 GiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):  # noqa: B007 - the unit the loop stops at is the one shown
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _row_bytes(arr) -> np.ndarray:
+    """What each value of an Arrow array decodes to, as the Parquet checks count it: the bytes of its
+    strings (a fixed-width value: its width) plus _VALUE_BYTES for each value, nested values summed per
+    row. Computed on Arrow's buffers: no Python object is made, and a dictionary's entries are measured
+    once, not once for each row that points to them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ, n = arr.type, len(arr)
+    if pa.types.is_dictionary(typ):
+        entries = _row_bytes(arr.dictionary)
+        if not len(entries):
+            return np.full(n, _VALUE_BYTES, dtype=np.int64)
+        out = entries[arr.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+        if arr.null_count:
+            out[arr.is_null().to_numpy(zero_copy_only=False)] = _VALUE_BYTES
+        return out
+    if (
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_string_view(typ)
+        or pa.types.is_binary_view(typ)
+    ):
+        lengths = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        return lengths.astype(np.int64) + _VALUE_BYTES
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        values = pc.list_flatten(arr)
+        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+        if len(parents) == len(values):
+            return np.bincount(parents, weights=_row_bytes(values), minlength=n).astype(np.int64)
+    elif pa.types.is_struct(typ):
+        out = np.zeros(n, dtype=np.int64)
+        for child in arr.flatten():
+            out += _row_bytes(child)
+        return out
+    else:
+        try:
+            return np.full(n, max(1, typ.bit_width // 8) + _VALUE_BYTES, dtype=np.int64)
+        except ValueError:  # not fixed-width (a map, a union): its buffers, spread evenly
+            pass
+    return np.full(n, arr.get_total_buffer_size() // max(n, 1) + _VALUE_BYTES, dtype=np.int64)
+
+
+def _leaf_arrays(arr) -> Iterator:
+    """The leaf arrays of an Arrow array, in the order of the Parquet leaf columns it was read from."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ = arr.type
+    if pa.types.is_struct(typ):
+        for child in arr.flatten():
+            yield from _leaf_arrays(child)
+    elif pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        yield from _leaf_arrays(pc.list_flatten(arr))
+    else:
+        yield arr
+
+
+@dataclass
+class _Chunk:
+    """One column chunk the records need: a leaf column of a wanted column, in one row group."""
+
+    column: str  # the wanted (top-level) column
+    path: str  # the leaf column's path in the Parquet schema, e.g. messages.list.element.content
+    num_values: int
+    uncompressed: int
+    width: int  # the bytes of one value of a fixed-width type; 0 for strings
+    dictionary: bool  # it has a dictionary page: its values may repeat one entry again and again
+    delta: bool  # DELTA_BYTE_ARRAY: each value may repeat the one before
+    longest: int  # the most one of its values decodes to (until its dictionary is read: its whole size)
+
+    @property
+    def repeats(self) -> bool:
+        return not self.width and (self.dictionary or self.delta)
+
+    @property
+    def as_stored(self) -> bool:
+        """Arrow can hand its values over as dictionary indices."""
+        return self.repeats and not self.delta
+
+    def bound(self, as_stored: bool = False) -> int:
+        """At most what it decodes to (as _row_bytes counts), or with ``as_stored`` what Arrow holds
+        when its dictionary is kept as stored."""
+        if self.width:
+            return self.num_values * (self.width + _VALUE_BYTES)
+        if as_stored and self.as_stored:
+            return self.uncompressed + self.num_values * 4
+        repeated = self.num_values * self.longest if self.repeats else 0
+        return self.uncompressed + self.num_values * _VALUE_BYTES + repeated
+
+
+@dataclass
+class _RowGroup:
+    index: int
+    rows: int
+    chunks: list[_Chunk]
+
+    def batch_rows(self, most: int, as_stored: bool = False) -> int:
+        """Rows per batch so that a batch of rows as large as the bounds allow decodes to about
+        _PARQUET_BATCH_BYTES (of average rows, where values are stored as they decode)."""
+        bound = sum(c.bound(as_stored) for c in self.chunks)
+        return max(1, min(most, _PARQUET_BATCH_BYTES * self.rows // max(bound, 1)))
+
+
+def _parquet_row_groups(pf, path: str, wanted: list[str]) -> list[_RowGroup]:
+    """The row groups and, from the footer, the column chunks of the wanted columns, with the longest
+    entry of each dictionary (read alone)."""
+    md, schema = pf.metadata, pf.schema
+    groups = []
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        chunks = []
+        for j in range(rg.num_columns):
+            cc = rg.column(j)
+            leaf = cc.path_in_schema
+            column = next((c for c in wanted if leaf == c or leaf.startswith(c + ".")), None)
+            if column is None:
+                continue
+            physical = cc.physical_type
+            width = schema.column(j).length if physical == "FIXED_LEN_BYTE_ARRAY" else _FIXED_WIDTH.get(physical, 0)
+            encodings = set(cc.encodings)
+            size = max(0, cc.total_uncompressed_size)
+            chunks.append(
+                _Chunk(
+                    column,
+                    leaf,
+                    max(0, cc.num_values),
+                    size,
+                    max(0, width or 0),
+                    dictionary=cc.has_dictionary_page or bool(encodings & _DICTIONARY_ENCODINGS),
+                    delta="DELTA_BYTE_ARRAY" in encodings,
+                    longest=size,
+                )
+            )
+        groups.append(_RowGroup(i, max(0, rg.num_rows), chunks))
+    stored = list(dict.fromkeys(c.path for g in groups for c in g.chunks if c.as_stored))
+    if stored:
+        import pyarrow.parquet as pq
+
+        try:
+            reader = pq.ParquetFile(path, metadata=md, read_dictionary=stored)
+        except Exception:  # noqa: BLE001 - unreadable: the scan reports it; the bounds stay the chunks' sizes
+            return groups
+        for group in groups:
+            _read_dictionaries(reader, group)
+    return groups
+
+
+def _read_dictionaries(reader, group: _RowGroup) -> None:
+    """Each dictionary's longest entry, as its chunk's ``longest``: the row group's first row is read with
+    the dictionaries kept as stored, which decodes each dictionary page whole (no larger than its chunk)
+    and no row's values. A dictionary not seen so keeps the chunk's size as its bound."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    targets = [c for c in group.chunks if c.as_stored]
+    if not targets or not group.rows:
+        return
+    columns = list(dict.fromkeys(c.column for c in targets))
+    try:
+        batch = next(reader.iter_batches(batch_size=1, row_groups=[group.index], columns=columns), None)
+    except Exception:  # noqa: BLE001 - unreadable: the scan reports it
+        return
+    if batch is None:
+        return
+    for name in columns:
+        chunks = [c for c in group.chunks if c.column == name]
+        leaves = list(_leaf_arrays(batch.column(name)))
+        if len(leaves) != len(chunks):
+            continue
+        for chunk, leaf in zip(chunks, leaves, strict=True):
+            if chunk.as_stored and pa.types.is_dictionary(leaf.type) and len(leaf.dictionary):
+                chunk.longest = int(pc.max(pc.binary_length(leaf.dictionary)).as_py() or 0)
+
+
+def _count_parquet(pf, path: str, group: _RowGroup, columns: list[str], stop_at: int) -> dict[str, int]:
+    """What ``columns`` of a row group decode to (as _row_bytes counts), counted batch by batch on Arrow's
+    buffers until the sum passes ``stop_at``. Dictionary-encoded chunks are read as their indices, which
+    is fast and small; a chunk that also holds values outside its dictionary (a writer's fallback when
+    the dictionary grew too large) makes Arrow grow the dictionary batch by batch, so the row group is
+    then counted again, decoded, in the small batches its bounds give."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stored = [c.path for c in group.chunks if c.column in columns and c.as_stored]
+
+    def count(read_dictionary: list[str], batch_rows: int) -> dict[str, int] | None:
+        totals = dict.fromkeys(columns, 0)
+        seen: dict[str, list[int]] = {}
+        try:
+            reader = pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=read_dictionary or None)
+            for batch in reader.iter_batches(batch_size=batch_rows, row_groups=[group.index], columns=columns):
+                for name in columns:
+                    arr = batch.column(name)
+                    if read_dictionary:
+                        sizes = [len(a.dictionary) for a in _leaf_arrays(arr) if pa.types.is_dictionary(a.type)]
+                        if seen.setdefault(name, sizes) != sizes:
+                            return None
+                    totals[name] += int(_row_bytes(arr).sum())
+                if sum(totals.values()) > stop_at:
+                    break
+        except Exception:  # noqa: BLE001 - unreadable pages: the scan reports them
+            pass
+        return totals
+
+    counted = count(stored, group.batch_rows(_PARQUET_COUNT_BATCH, as_stored=True)) if stored else None
+    return counted if counted is not None else count([], group.batch_rows(_PARQUET_BATCH)) or {}
+
+
+def _check_parquet_size(pf, path: str, filename: str, groups: list[_RowGroup], max_bytes: int, file_bytes: int) -> None:
+    """Refuse a file whose records come to more than ``max_bytes``, before any is decoded: row group by
+    row group, each column's bound from the footer and dictionaries, counted exactly where the bound is
+    too loose to tell (values that repeat)."""
+    total = 0
+    for group in groups:
+        sizes: dict[str, int] = {}
+        for chunk in group.chunks:
+            sizes[chunk.column] = sizes.get(chunk.column, 0) + chunk.bound()
+        if total + sum(sizes.values()) > max_bytes:
+            loose = [name for name in sizes if any(c.repeats for c in group.chunks if c.column == name)]
+            if loose:
+                rest = sum(size for name, size in sizes.items() if name not in loose)
+                sizes.update(_count_parquet(pf, path, group, loose, max_bytes - total - rest))
+        for name, size in sizes.items():
+            total += size
+            if total > max_bytes:
+                raise DatasetTooLargeError(
+                    f"{filename}: too large once decoded: by row group {group.index}, column '{name}' "
+                    f"the records come to {_size(total)}, more than the {_size(max_bytes)} a dataset may hold "
+                    f"(TUNEDECK_MAX_UPLOAD_BYTES); the file itself is {_size(file_bytes)}"
+                )
+
+
+def _scan_parquet(
+    path: str, filename: str, acc: _Accumulator, prog: _Progress, total: int, max_bytes: int | None = None
+) -> None:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -886,21 +1188,56 @@ def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, 
         )
         return
     wanted = [c for c in _REQUIRED[acc.fmt] + _OPTIONAL.get(acc.fmt, ()) if c in names]
+    groups = _parquet_row_groups(pf, path, wanted)
+    if max_bytes is not None:
+        _check_parquet_size(pf, path, filename, groups, max_bytes, total)
     num_rows = pf.metadata.num_rows or 0
     row = 0
-    batches = pf.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted)
-    while True:
-        try:
-            batch = next(batches, None)
-        except Exception as exc:  # corrupt pages etc.
-            acc.file_error(row + 1, f"cannot read the Parquet file past row {row}: {exc}")
-            break
-        if batch is None:
-            break
-        for rec in batch.to_pylist():
+    decoded = 0  # what the footer promised is checked again as the batches come (it can lie)
+    for batch_rows, run in itertools.groupby(groups, key=lambda g: g.batch_rows(_PARQUET_BATCH)):
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=[g.index for g in run], columns=wanted)
+        while True:
+            try:
+                batch = next(batches, None)
+            except Exception as exc:  # corrupt pages etc.
+                acc.file_error(row + 1, f"cannot read the Parquet file past row {row}: {exc}")
+                return
+            if batch is None:
+                break
+            sizes = {name: _row_bytes(batch.column(name)) for name in wanted}
+            row_sizes = sum(sizes.values())
+            decoded += int(row_sizes.sum())
+            if max_bytes is not None and decoded > max_bytes:
+                acc.file_error(
+                    row + 1,
+                    f"the records come to more than the {_size(max_bytes)} a dataset may hold "
+                    f"(TUNEDECK_MAX_UPLOAD_BYTES) by row {row + batch.num_rows}; stopped reading here",
+                )
+                return
+            row = _parquet_records(acc, batch, sizes, row_sizes.tolist(), row, chat)
+            if num_rows:
+                prog.maybe(total * row // num_rows)
+
+
+def _parquet_records(acc: _Accumulator, batch, sizes: dict, row_sizes: list[int], row: int, chat: bool) -> int:
+    """Check a batch's records, made into Python objects a slice of at most _PARQUET_SLICE_BYTES at a
+    time; a record over _MAX_LINE is reported, never made. Returns the last row number."""
+    n, k = len(row_sizes), 0
+    while k < n:
+        if row_sizes[k] > _MAX_LINE:
+            row += 1
+            field_name = max(sizes, key=lambda name: sizes[name][k])
+            acc.add_invalid(row, field_name, f"record too long: more than {_MAX_LINE >> 20} MiB")
+            k += 1
+            continue
+        end, used = k, 0
+        while end < n and row_sizes[end] <= _MAX_LINE and (end == k or used + row_sizes[end] <= _PARQUET_SLICE_BYTES):
+            used += row_sizes[end]
+            end += 1
+        for rec in batch.slice(k, end - k).to_pylist():
             row += 1
             # A null is an absent value (Parquet columns and structs always carry every key).
-            obj = {k: v for k, v in rec.items() if v is not None}
+            obj = {key: v for key, v in rec.items() if v is not None}
             if chat and "messages" in obj:
                 msgs = obj["messages"]
                 if type(msgs) is str:
@@ -908,11 +1245,11 @@ def _scan_parquet(path: str, filename: str, acc: _Accumulator, prog: _Progress, 
                         continue
                 elif type(msgs) is list:
                     obj["messages"] = [
-                        {k: v for k, v in m.items() if v is not None} if type(m) is dict else m for m in msgs
+                        {key: v for key, v in m.items() if v is not None} if type(m) is dict else m for m in msgs
                     ]
             acc.check(row, obj, key_from_convo=True)
-        if num_rows:
-            prog.maybe(total * row // num_rows)
+        k = end
+    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -943,11 +1280,14 @@ def validate_file(
     file_type: str | None = None,
     fmt: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_bytes: int | None = None,
 ) -> ValidationReport:
     """Validate a dataset file in one streaming pass and return the report.
 
     ``file_type`` / ``fmt`` None means auto-detect. Raises DatasetFormatError when either cannot be
-    determined or an unknown value is given; every other problem is reported in the result.
+    determined or an unknown value is given, and DatasetTooLargeError (one) when a Parquet file's records
+    would decode to more than ``max_bytes`` (text, plus a few bytes a value: about their size as JSON
+    Lines); every other problem is reported in the result.
     ``progress(done_bytes, total_bytes)`` is called at most every 0.25 s and once at the end.
     """
     path = os.fspath(path)
@@ -961,7 +1301,7 @@ def validate_file(
     elif file_type == "csv":
         _scan_csv(path, filename, acc, prog)
     else:
-        _scan_parquet(path, filename, acc, prog, total)
+        _scan_parquet(path, filename, acc, prog, total, max_bytes)
 
     if acc.rows == 0 and acc.error_count == 0:
         acc.file_error(0, "the file has no records")

@@ -2,9 +2,12 @@
 
 import io
 import json
+import os
+import signal
 import socket
 import time
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -179,3 +182,100 @@ def test_demo_dataset_imports_in_one_call(server, api):
     d = wait_dataset(server, api, r.json()["id"])
     assert d["status"] == "ready" and d["format"] == "chat" and d["rows"] >= 100
     assert d["filename"].endswith(".jsonl")
+
+
+def _parquet(table: pa.Table, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **kwargs)
+    return buf.getvalue()
+
+
+def _dataset_file(server, dataset_id: str) -> str:
+    return str(server.data_dir / "storage" / "datasets" / dataset_id / "data")
+
+
+def _worker_processes(server) -> list[psutil.Process]:
+    """The worker's Celery processes (the main one and its pool processes; not the training standbys)."""
+    try:
+        under_up = psutil.Process(server.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in under_up:
+        try:
+            if "app.cli worker" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:  # gone, or a zombie not yet reaped
+            continue
+    return found
+
+
+def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
+    """A Parquet file of under 2 KB whose one dictionary value (1 MiB) is repeated 16384 times decodes to
+    16 GiB: it ends invalid at once, naming the file, the row group and the column, and the worker's
+    memory does not grow while it is looked at."""
+    rows = 1 << 14
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * (1 << 20)]))
+    content = _parquet(pa.table({"text": text}), compression="zstd")
+    assert len(content) < 2048
+
+    baseline: dict[int, int] = {}
+    growth = [0]
+
+    def sample() -> None:  # the most any worker process grew
+        for proc in _worker_processes(server):
+            try:
+                rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            growth[0] = max(growth[0], rss - baseline.setdefault(proc.pid, rss))
+
+    sample()
+    start = time.monotonic()
+    created = upload(api, "bomb.parquet", content).json()
+
+    def done():
+        sample()
+        d = api.get(f"/api/v1/datasets/{created['id']}").json()
+        return d if d["status"] != "validating" else None
+
+    d = server.wait_for(done, timeout=30, interval=0.05, what="the bomb's validation to end")
+    assert time.monotonic() - start < 10
+    assert d["status"] == "invalid" and d["error_count"] == 1, d["errors"]
+    message = d["errors"][0]["message"]
+    assert message.startswith("bomb.parquet: ") and "row group 0" in message and "column 'text'" in message, message
+    assert "16.0 GiB" in message, message
+    assert growth[0] < 100 << 20, f"a worker process grew by {growth[0] >> 20} MiB"
+    assert api.get("/healthz").status_code == 200
+
+
+def test_a_validation_whose_worker_dies_gives_up_after_three_attempts(server, api):
+    """A file that kills the process validating it (as the kernel's OOM killer would) is tried three times,
+    then ends invalid with the reason, instead of killing the general queue's consumers forever."""
+    rows = 1 << 18  # a few KB on disk, seconds to validate: time to find the process and kill it
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["some slow text"]))
+    created = upload(api, "killer.parquet", _parquet(pa.table({"text": text}))).json()
+    path = _dataset_file(server, created["id"])
+    killed: set[int] = set()
+
+    def validating_process():
+        for proc in _worker_processes(server):
+            try:
+                if proc.pid not in killed and any(f.path == path for f in proc.open_files()):
+                    return proc
+            except psutil.Error:
+                continue
+        return None
+
+    for _ in range(3):
+        proc = server.wait_for(validating_process, timeout=20, interval=0.02, what="a process validating the file")
+        os.kill(proc.pid, signal.SIGKILL)
+        killed.add(proc.pid)
+
+    d = wait_dataset(server, api, created["id"], timeout=30)
+    assert d["status"] == "invalid", d
+    assert [e["message"] for e in d["errors"]] == [
+        "killer.parquet: validation gave up: the process validating it was lost 3 times "
+        "(killed, perhaps for running out of memory)"
+    ]
+    assert api.get("/healthz").status_code == 200

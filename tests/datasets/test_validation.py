@@ -16,6 +16,7 @@ from app.datasets.validation import (
     FORMATS,
     MAX_LISTED,
     DatasetFormatError,
+    DatasetTooLargeError,
     ValidationReport,
     detect_file_type,
     validate_file,
@@ -772,6 +773,112 @@ def test_overlong_lines_are_reported_not_held(tmp_path):
     report = validate_file(csv_path, "long.csv")
     assert report.valid_rows == 1 and report.error_count == 1
     assert report.errors[0]["line"] == 3 and "longer than 16 MiB" in report.errors[0]["message"]
+
+
+def test_csv_record_of_many_long_fields_is_not_held(tmp_path):
+    """Each line is short and each field under the 64 MiB field limit, but the record on line 3 holds
+    three fields of 30 MiB: reading stops there, as at an overlong line, instead of holding it whole."""
+    field = b'"' + (b"y" * ((1 << 20) - 1) + b"\n") * 30 + b'"'
+    path = tmp_path / "wide.csv"
+    path.write_bytes(b"text,a,b\nshort,1,2\n" + b",".join([field] * 3) + b"\nafter,3,4\n")
+    report = validate_file(path, "wide.csv")
+    assert report.errors == [
+        {"line": 3, "field": None, "message": "the record on line 3 is longer than 64 MiB; stopped reading here"}
+    ]
+    assert report.rows == report.valid_rows == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet files that decode to far more than they weigh
+
+
+def _repeated(value: str, rows: int) -> pa.DictionaryArray:
+    """``rows`` rows that all point to one dictionary entry: a few bytes of run-length encoded indices."""
+    return pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([value]))
+
+
+def _too_large(path, name: str, max_bytes: int) -> str:
+    with pytest.raises(DatasetTooLargeError) as exc:
+        validate_file(path, name, max_bytes=max_bytes)
+    return str(exc.value)
+
+
+def test_parquet_bombs_are_refused_before_they_are_decoded(tmp_path):
+    mib = 1 << 20
+    # One 1 MiB dictionary entry, 16384 rows: 16 GiB of text from a file of a few hundred bytes, with and
+    # without the Arrow schema that makes pyarrow keep the column as a dictionary.
+    for store_schema in (True, False):
+        path = tmp_path / f"bomb-{store_schema}.parquet"
+        pq.write_table(
+            pa.table({"text": _repeated("a" * mib, 1 << 14)}), path, store_schema=store_schema, compression="zstd"
+        )
+        assert path.stat().st_size < 2048
+        assert _too_large(path, "bomb.parquet", 10 << 30) == (
+            "bomb.parquet: too large once decoded: by row group 0, column 'text' the records come to 16.0 GiB, "
+            "more than the 10.0 GiB a dataset may hold (TUNEDECK_MAX_UPLOAD_BYTES); "
+            f"the file itself is {path.stat().st_size} bytes"
+        )
+
+    # The bomb in the third row group, after two that are fine: that one is named.
+    path = tmp_path / "third.parquet"
+    schema = pa.schema([("prompt", pa.string()), ("completion", pa.dictionary(pa.int32(), pa.string()))])
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for i in range(2):
+            writer.write_table(pa.table({"prompt": ["p"] * 10, "completion": _repeated(f"c{i}", 10)}, schema=schema))
+        writer.write_table(pa.table({"prompt": ["p"] * 4096, "completion": _repeated("c" * mib, 4096)}, schema=schema))
+    assert "by row group 2, column 'completion' the records come to 4.0 GiB" in _too_large(path, "t.parquet", 1 << 30)
+
+    # Each value repeating the one before (DELTA_BYTE_ARRAY), and long chat messages, a list per row.
+    path = tmp_path / "delta.parquet"
+    table = pa.table({"text": ["b" * mib] * 64})
+    pq.write_table(table, path, use_dictionary=False, column_encoding={"text": "DELTA_BYTE_ARRAY"}, compression="zstd")
+    assert path.stat().st_size < 4096
+    assert "row group 0, column 'text'" in _too_large(path, "delta.parquet", 16 * mib)
+    path = tmp_path / "chat.parquet"
+    rows = 4096
+    content = pa.DictionaryArray.from_arrays(pa.array([0, 1] * rows, pa.int32()), pa.array(["q" * mib, "a"]))
+    turns = pa.StructArray.from_arrays([pa.array(["user", "assistant"] * rows), content], ["role", "content"])
+    messages = pa.ListArray.from_arrays(pa.array(range(0, 2 * rows + 1, 2), pa.int32()), turns)
+    pq.write_table(pa.table({"messages": messages}), path, compression="zstd")
+    assert path.stat().st_size < 4096
+    assert "by row group 0, column 'messages' the records come to 4.0 GiB" in _too_large(path, "c.parquet", 1 << 30)
+
+
+def test_parquet_values_that_repeat_but_fit_are_counted_not_refused(tmp_path):
+    """A dictionary with one long entry, used once, among short ones: that entry bounds each row at 4 MiB,
+    too much for the limit; the count finds the file holds about 5 MiB, and it is fine. Once with every
+    value in the dictionary, once with a dictionary the writer gave up on (it grew past its page limit):
+    the later values are stored as they are, and the count reads them decoded."""
+    for rows, page_limit in ((1000, 1 << 30), (70_000, None)):
+        texts = [f"text number {i}" for i in range(rows)]
+        texts[3] = "L" * (4 << 20)
+        path = tmp_path / f"outlier-{rows}.parquet"
+        pq.write_table(pa.table({"text": texts}), path, dictionary_pagesize_limit=page_limit)
+        report = validate_file(path, "o.parquet", max_bytes=16 << 20)
+        assert report.ok and report.rows == report.valid_rows == rows, report.errors
+        assert report.stats["chars"]["max"] == 4 << 20
+
+
+def test_parquet_records_are_made_a_slice_at_a_time(tmp_path):
+    """200 rows of a 1 MiB dictionary entry (200 MiB once decoded) never sit in Python memory all at once,
+    and a record over 16 MiB is reported, naming its column, without being made."""
+    import tracemalloc
+
+    path = tmp_path / "wide.parquet"
+    rows = 200
+    entries = pa.array(["p" * (1 << 20), "x" * (20 << 20)])
+    prompts = pa.DictionaryArray.from_arrays(pa.array([0] * 99 + [1] + [0] * 100, pa.int32()), entries)
+    table = pa.table({"prompt": prompts, "completion": [f"c{i}" for i in range(rows)]})
+    pq.write_table(table, path, compression="zstd")
+    tracemalloc.start()
+    try:
+        report = validate_file(path, "wide.parquet")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.rows == rows and report.valid_rows == rows - 1
+    assert report.errors == [{"line": 100, "field": "prompt", "message": "record too long: more than 16 MiB"}]
+    assert peak < 64 << 20, f"{peak >> 20} MiB of Python objects at once"
 
 
 # ---------------------------------------------------------------------------------------------
