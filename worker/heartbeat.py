@@ -12,6 +12,7 @@ from app.benchmarks import service as benchmarks
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import session_scope, utcnow
+from app.datasets import service as datasets
 from app.endpoints import service as endpoints
 from app.pools import service as pools
 from app.runs import service as runs
@@ -47,6 +48,7 @@ class Heartbeat:
             for endpoint_id in endpoints.fail_stale(session, self.pool):
                 log.warning("endpoint %s lost its worker", endpoint_id)
             waiting = [
+                *datasets.waiting_tasks(session),
                 *runs.waiting_tasks(session),
                 *artifacts.waiting_tasks(session),
                 *endpoints.waiting_tasks(session),

@@ -95,6 +95,14 @@ def create_from_upload(
     return dataset
 
 
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    """Uploads whose validation no worker has taken yet (one taken has attempts)."""
+    rows = session.exec(
+        select(Dataset.id, Dataset.updated_at).where(Dataset.status == DatasetStatus.validating, Dataset.attempts == 0)
+    ).all()
+    return [queue.Waiting(queue.VALIDATE_DATASET, queue.GENERAL_QUEUE, id_, since) for id_, since in rows]
+
+
 def create_demo(session: Session, owner: User) -> Dataset:
     """Import the bundled demo dataset, as if uploaded (stored, hashed, validated)."""
     content = demo.demo_dataset_jsonl()

@@ -38,6 +38,22 @@ def own_redis(tmp_path):
         proc.wait()
 
 
+def lost_upload(server, dataset_id: str) -> str:
+    """A copy of a validated upload's row, back to `validating` as if its task had been lost on the
+    way to the broker a while ago."""
+    (row,) = server.sql("SELECT * FROM datasets WHERE id = :id", id=dataset_id)
+    columns = [c for c in row._fields if c not in ("id", "status", "attempts", "updated_at")]
+    lost = dataset_id[:-4] + "lost"
+    server.sql(
+        f"INSERT INTO datasets (id, status, attempts, updated_at, {', '.join(columns)}) "
+        f"SELECT :lost, 'validating', 0, :old, {', '.join(columns)} FROM datasets WHERE id = :id",
+        lost=lost,
+        old="2000-01-01 00:00:00",
+        id=dataset_id,
+    )
+    return lost
+
+
 def test_a_down_broker_refuses_work_and_lost_tasks_are_sent_again(tmp_path, own_redis):
     port, procs, start_redis = own_redis
     broker = redis.Redis(port=port)
@@ -59,6 +75,9 @@ def test_a_down_broker_refuses_work_and_lost_tasks_are_sent_again(tmp_path, own_
         server.wait_for(lambda: broker.llen(POOL) == 1, timeout=15, what="the lost task sent again")
         time.sleep(4)  # several beats later: sent once, not once per beat
         assert broker.llen(POOL) == 1
+
+        lost = lost_upload(server, dataset)  # an upload whose validation task never reached the broker
+        assert wait_dataset(server, api, lost)["status"] == "ready"
 
         procs[0].terminate()  # the broker goes down
         procs[0].wait()
