@@ -4,7 +4,7 @@ import secrets
 import time
 from datetime import timedelta
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.auth.models import ApiToken, User, UserCreate
 from app.core.config import Settings
@@ -36,6 +36,7 @@ def authenticate(session: Session, username: str, password: str) -> User | None:
 def create_token(session: Session, user: User, name: str, secret: str | None = None) -> tuple[ApiToken, str]:
     """Mint a token; the secret is returned here once and stored only as its hash."""
     secret = secret or new_token()
+    assert user.id is not None, "tokens are minted for a saved user"
     token = ApiToken(user_id=user.id, name=name, token_hash=hash_token(secret), prefix=secret[:10])
     session.add(token)
     session.commit()
@@ -62,8 +63,8 @@ def user_for_token(session: Session, secret: str) -> User | None:
     token_hash = hash_token(secret)
     found = session.exec(
         select(ApiToken, User)
-        .join(User, User.id == ApiToken.user_id)
-        .where(ApiToken.token_hash == token_hash, ApiToken.revoked_at.is_(None))
+        .join(User, col(User.id) == ApiToken.user_id)
+        .where(ApiToken.token_hash == token_hash, col(ApiToken.revoked_at).is_(None))
     ).first()
     if found is None:
         return None
@@ -80,7 +81,7 @@ def user_for_token(session: Session, secret: str) -> User | None:
 
 
 def list_tokens(session: Session, user: User) -> list[ApiToken]:
-    return list(session.exec(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id.desc())))
+    return list(session.exec(select(ApiToken).where(ApiToken.user_id == user.id).order_by(col(ApiToken.id).desc())))
 
 
 def revoke_token(session: Session, user: User, token_id: int) -> ApiToken | None:

@@ -499,6 +499,7 @@ class _Accumulator:
         if type(obj) is not dict:
             self.add_invalid(line, None, f"expected a JSON object, got {_tname(obj)}")
             return
+        assert self.fmt is not None, "records are checked once the format is known"
         try:
             packed, convo = _CHECK[self.fmt](obj)
         except _RecordError as exc:
@@ -663,6 +664,7 @@ class _Dist:
 
 
 def _scan_jsonl(path: str, acc: _Accumulator, prog: _Progress) -> None:
+    assert acc.fmt is not None, "a JSONL file is scanned once its format is known"
     fast = _FAST[acc.fmt]
     loads = orjson.loads
     packed = acc.packed
