@@ -40,6 +40,7 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
     pool = session.get(Pool, endpoint.pool)
     config = data.model_dump(exclude={"endpoint_id"})
     levels = len(data.concurrency) + len(data.request_rates)
+    assert owner.id is not None, "the owner is a saved user"
     benchmark = Benchmark(
         id=new_id("bm"),
         owner_id=owner.id,
