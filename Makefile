@@ -48,9 +48,10 @@ test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Red
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \
 		$(BIN)/pytest -q --durations=15 $(SERVER_TESTS) $(NOT_ON_PG)
 
-lint: $(VENV)/.installed-dev  ## ruff: lint and format check
+lint: $(VENV)/.installed-dev  ## ruff: lint and format check; pyright: type check of app/ and worker/
 	$(BIN)/ruff check app worker tests bench migrations
 	$(BIN)/ruff format --check app worker tests bench migrations
+	$(BIN)/pyright
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/datasets.py

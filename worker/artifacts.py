@@ -69,7 +69,9 @@ def build(artifact_id: str) -> int:
 
     with session_scope() as session:
         artifact = session.get(Artifact, artifact_id)
-        run = session.get(Run, artifact.run_id)
+        run = session.get(Run, artifact.run_id) if artifact is not None else None
+        if artifact is None or run is None:  # its supervisor took it a moment ago; deleted since?
+            raise SystemExit(f"artifact {artifact_id} or its run no longer exists: nothing to build")
         cfg = run.config
         last = [0.0]
 

@@ -34,6 +34,7 @@ import aiohttp
 import fsspec
 import numpy as np
 import orjson
+from sqlmodel import Session
 
 from app.artifacts.models import Artifact
 from app.benchmarks import service as benchmarks
@@ -114,6 +115,8 @@ def _run(session, benchmark, stop: threading.Event) -> None:
     flight is dropped: a part of a level is not comparable)."""
     config = benchmark.config
     endpoint = session.get(Endpoint, benchmark.endpoint_id)
+    if endpoint is None or endpoint.url is None:  # `start` found it ready; stopped since?
+        raise RuntimeError(f"endpoint {benchmark.endpoint_id} is no longer ready")
     prompts = _prompts(session, endpoint, config)
     done = 0
     last = 0.0
@@ -149,12 +152,14 @@ def _run(session, benchmark, stop: threading.Event) -> None:
     benchmarks.finish(session, benchmark)
 
 
-def _prompts(session, endpoint: Endpoint, config: dict) -> list[dict]:
+def _prompts(session: Session, endpoint: Endpoint, config: dict) -> list[dict]:
     """``num_prompts`` request bodies (without model and sampling): completions of random prompts, or
     chats from the dataset's conversations (cycled when it has fewer)."""
     n = config["num_prompts"]
     if config["dataset_id"]:
         dataset = session.get(Dataset, config["dataset_id"])
+        if dataset is None:  # deleted while the benchmark waited for a worker
+            raise ValueError(f"dataset {config['dataset_id']} no longer exists")
         chats = []
         path = datasets.file_path(dataset)
         for messages in iter_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format):
@@ -170,9 +175,9 @@ def _prompts(session, endpoint: Endpoint, config: dict) -> list[dict]:
         return list(itertools.islice(itertools.cycle(chats), n))
     from tokenizers import Tokenizer
 
-    artifact = session.get(Artifact, endpoint.artifact_id)
+    artifact = session.get_one(Artifact, endpoint.artifact_id)  # deleting it deletes its endpoints
     with fsspec.open(f"{artifact.path.rstrip('/')}/tokenizer.json", "r") as f:
-        tokenizer = Tokenizer.from_str(f.read())
+        tokenizer = Tokenizer.from_str(f.read())  # pyright: ignore[reportAttributeAccessIssue] (fsspec: a file)
     special = set(tokenizer.get_added_tokens_decoder())
     vocab = [i for i in range(tokenizer.get_vocab_size()) if i not in special]
     rng = random.Random(config["seed"])
@@ -247,7 +252,7 @@ async def _request(client: aiohttp.ClientSession, url: str, model: str, body: di
     }
     sent = time.perf_counter()
     chunks: list[float] = []  # when each chunk with text came
-    last = None  # when the last chunk with a choice came (its finish reason may carry no text)
+    last = sent  # when the last chunk with a choice came (its finish reason may carry no text)
     usage = None
     path = "chat/completions" if chat else "completions"
     try:

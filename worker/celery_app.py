@@ -28,14 +28,14 @@ def _init_process(**_):
 
 
 @signals.worker_ready.connect
-def _start_heartbeat(sender=None, **_):
+def _start_heartbeat(sender, **_):  # Celery sends every signal with its sender
     global _heartbeat
     _heartbeat = Heartbeat(sender.hostname, os.environ.get("TUNEDECK_POOL", get_settings().pool), os.getpid())
     _heartbeat.start()
 
 
 @signals.worker_shutdown.connect
-def _on_shutdown(sender=None, **_):
+def _on_shutdown(sender, **_):
     if _heartbeat is not None:
         _heartbeat.stop()
     # Its runs handed back (_hand_back_runs) go on the queue now that this worker takes no more tasks.
@@ -46,7 +46,7 @@ def _on_shutdown(sender=None, **_):
 
 
 @signals.worker_shutting_down.connect
-def _hand_back_runs(sender=None, **_):
+def _hand_back_runs(sender: str, **_):  # the worker's hostname
     """Stopping (SIGTERM, Ctrl-C): this worker's runs save a checkpoint and stop while Celery waits for
     their tasks, to be queued again when it has stopped (_on_shutdown), instead of lost and re-queued
     only once found silent. Called in a signal handler: the database work runs in a thread of its own."""

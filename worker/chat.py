@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+import jinja2.nodes
 import numpy as np
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -48,7 +49,7 @@ _PLACEHOLDER_BASE = 0x100000  # Supplementary Private Use Area-B: stands in for 
 
 
 # vLLM's reasoning parsers (``--reasoning-parser``) by the channel tokens a tokenizer_config.json names
-VLLM_REASONING_PARSERS = {("<|channel>", "<channel|>"): "gemma4"}
+VLLM_REASONING_PARSERS: dict[tuple[str | None, str | None], str] = {("<|channel>", "<channel|>"): "gemma4"}
 
 
 def vllm_reasoning_parser(model_dir: str) -> str | None:
@@ -58,7 +59,7 @@ def vllm_reasoning_parser(model_dir: str) -> str | None:
 
     try:
         with fsspec.open(f"{model_dir.rstrip('/')}/tokenizer_config.json", "r", encoding="utf-8") as f:
-            config = json.load(f)
+            config = json.load(f)  # pyright: ignore[reportArgumentType] (fsspec.open gives one file here)
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):
@@ -249,7 +250,8 @@ class ChatFormat:
                     messages=messages, add_generation_prompt=add_generation_prompt, **variables
                 )
             blocks: list[str] = []
-            with self._template.environment.track_generation(blocks, spans):
+            # added to the environment by _GenerationTracker (Environment.extend)
+            with self._template.environment.track_generation(blocks, spans):  # pyright: ignore[reportAttributeAccessIssue]
                 for block in self._template.generate(
                     messages=messages, add_generation_prompt=add_generation_prompt, **variables
                 ):

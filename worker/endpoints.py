@@ -63,22 +63,26 @@ def supervise(endpoint_id: str, worker: str) -> None:
         endpoint = endpoints.start(session, endpoint_id, worker, os.getpid())
         if endpoint is None:
             return
-        artifact = session.get(Artifact, endpoint.artifact_id)
+        artifact = session.get_one(Artifact, endpoint.artifact_id)  # deleting it deletes its endpoints
         base_dir = None
         if artifact.kind == ArtifactKind.adapter:
-            base_dir = str(base_model_dir(session, session.get(Run, artifact.run_id))[0])
+            base_dir = str(base_model_dir(session, session.get_one(Run, artifact.run_id))[0])
         host = get_settings().serve_host
         port = free_port(host)
         url = f"http://{host}:{port}"
-        server = runtimes.model_server(
-            endpoint,
-            artifact,
-            session.get(Pool, endpoint.pool),
-            host=host,
-            port=port,
-            log=log_path(endpoint_id).with_suffix(".server.log"),
-            base_dir=base_dir,
-        )
+        try:
+            server = runtimes.model_server(
+                endpoint,
+                artifact,
+                session.get(Pool, endpoint.pool),
+                host=host,
+                port=port,
+                log=log_path(endpoint_id).with_suffix(".server.log"),
+                base_dir=base_dir,
+            )
+        except Exception as exc:  # nothing started: the endpoint fails with the reason
+            endpoints.fail(session, endpoint, f"{type(exc).__name__}: {exc}")
+            raise
         try:
             server.start(lambda name: endpoints.phase(session, endpoint, name, url))
             _follow(session, endpoint, server, url)

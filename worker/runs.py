@@ -118,6 +118,7 @@ class Standby:
         """The standby process, now training this run (a fresh one if there was none)."""
         cls.start()
         proc, cls.proc = cls.proc, None
+        assert proc is not None and proc.stdin is not None, "start() leaves a process reading its stdin"
         try:
             proc.stdin.write(f"{run_id} {attempt} {log_path}\n".encode())
             proc.stdin.close()
@@ -236,6 +237,8 @@ def train_process(run_id: str, attempt: int) -> int:
 
     with session_scope() as session:
         run = session.get(Run, run_id)
+        if run is None:  # its supervisor took it a moment ago; deleted since?
+            raise SystemExit(f"run {run_id} no longer exists: nothing to train")
         reporter = DBReporter(session, run, attempt)
         try:
             result = train(build_spec(session, run), reporter)

@@ -50,10 +50,12 @@ class ModelServer(Protocol):
 
 
 def model_server(
-    endpoint: Endpoint, artifact: Artifact, pool: Pool, *, host: str, port: int, log: Path, base_dir: str | None
+    endpoint: Endpoint, artifact: Artifact, pool: Pool | None, *, host: str, port: int, log: Path, base_dir: str | None
 ) -> ModelServer:
     if endpoint.runtime == Runtime.local:
         return LocalServer(endpoint, artifact, host=host, port=port, log=log)
+    if pool is None:  # deleted since the endpoint was deployed (an endpoint does not hold its pool)
+        raise ValueError(f"pool {endpoint.pool!r} no longer exists: vLLM is started on its pool's chips")
     spec = container_spec(endpoint, artifact, pool, host=host, port=port, base_dir=base_dir)
     return VllmContainer(spec, log=log)
 
@@ -95,6 +97,7 @@ class LocalServer:
             )
 
     def exit_reason(self) -> str | None:
+        assert self.child is not None, "asked after start()"
         code = self.child.poll()
         if code is None:
             return None
@@ -200,7 +203,7 @@ class VllmContainer:
         self.container = None
 
     def start(self, on_phase) -> None:
-        import docker
+        import docker.errors
 
         self.client = docker_client()
         image = self.spec["image"]
@@ -217,6 +220,7 @@ class VllmContainer:
         self.container.start()
 
     def exit_reason(self) -> str | None:
+        assert self.container is not None, "asked after start()"
         self.container.reload()
         state = self.container.attrs["State"]
         if state["Status"] not in ("exited", "dead"):
@@ -245,7 +249,7 @@ class VllmContainer:
         return None
 
     def stop(self) -> None:
-        import docker
+        import docker.errors
 
         if self.container is None:
             return

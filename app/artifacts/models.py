@@ -24,7 +24,7 @@ ACTIVE = {ArtifactStatus.queued, ArtifactStatus.running}
 
 
 class Artifact(SQLModel, table=True):
-    __tablename__ = "artifacts"
+    __tablename__ = "artifacts"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_artifacts_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)
     owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")

@@ -79,7 +79,7 @@ def by_name(session: Session, name: str) -> Artifact | None:
     query = select(Artifact).where(
         Artifact.name == name, Artifact.kind == ArtifactKind.merged, Artifact.status == ArtifactStatus.succeeded
     )
-    return session.exec(query.order_by(Artifact.created_at.desc())).first()
+    return session.exec(query.order_by(col(Artifact.created_at).desc())).first()
 
 
 def _name(run: Run, kind: ArtifactKind, step: int, final: bool) -> str:
@@ -138,10 +138,11 @@ def _enqueue(session: Session, run: Run, kind: ArtifactKind, step: int, name: st
 def on_run_succeeded(session: Session, run: Run) -> Artifact | None:
     """A run that succeeded gets its merged artifact, from its last checkpoint."""
     step = session.exec(
-        select(RunCheckpoint.step).where(RunCheckpoint.run_id == run.id).order_by(RunCheckpoint.step.desc())
+        select(RunCheckpoint.step).where(RunCheckpoint.run_id == run.id).order_by(col(RunCheckpoint.step).desc())
     ).first()
     if step is None:
         return None
+    assert run.fine_tuned_model is not None, "runs.finish names the model before it calls this"
     return _enqueue(session, run, ArtifactKind.merged, step, run.fine_tuned_model)
 
 
@@ -152,7 +153,8 @@ def start(session: Session, artifact_id: str, worker: str) -> Artifact | None:
     artifact = session.get(Artifact, artifact_id)
     if artifact is None or artifact.status not in ACTIVE:
         return None
-    beating = artifact.worker and utcnow() - artifact.heartbeat_at < get_settings().stale_after
+    beat = artifact.heartbeat_at
+    beating = artifact.worker and beat is not None and utcnow() - beat < get_settings().stale_after
     if artifact.status == ArtifactStatus.running and beating:
         return None  # another worker is on it (a re-queued build has no worker)
     if artifact.attempts >= MAX_ATTEMPTS:
@@ -175,7 +177,7 @@ def start(session: Session, artifact_id: str, worker: str) -> Artifact | None:
 
 def heartbeat(session: Session, artifact: Artifact) -> None:
     """The build's supervisor is alive."""
-    session.execute(update(Artifact).where(Artifact.id == artifact.id).values(heartbeat_at=utcnow()))
+    session.execute(update(Artifact).where(col(Artifact.id) == artifact.id).values(heartbeat_at=utcnow()))
     session.commit()
 
 
@@ -185,8 +187,8 @@ def requeue_stale(session: Session, pool: str) -> list[str]:
     cutoff = utcnow() - get_settings().stale_after
     stale = session.exec(
         select(Artifact)
-        .join(Run, Run.id == Artifact.run_id)
-        .where(Run.pool == pool, Artifact.status == ArtifactStatus.running, Artifact.heartbeat_at < cutoff)
+        .join(Run, col(Run.id) == Artifact.run_id)
+        .where(Run.pool == pool, Artifact.status == ArtifactStatus.running, col(Artifact.heartbeat_at) < cutoff)
     ).all()
     for artifact in stale:
         artifact.worker, artifact.heartbeat_at = None, utcnow()  # re-queued again only after another silence
@@ -227,7 +229,7 @@ def delete(session: Session, artifact: Artifact) -> None:
     if artifact.status in ACTIVE:
         raise ArtifactError("id", f"artifact {artifact.id} is {artifact.status}: wait for it to finish", conflict=True)
     serving = session.exec(
-        select(Endpoint.id).where(Endpoint.artifact_id == artifact.id, Endpoint.status.in_(ENDPOINT_ACTIVE))
+        select(Endpoint.id).where(Endpoint.artifact_id == artifact.id, col(Endpoint.status).in_(ENDPOINT_ACTIVE))
     ).first()
     if serving is not None:
         raise ArtifactError("id", f"endpoint {serving} serves artifact {artifact.id}: stop it first", conflict=True)

@@ -30,7 +30,7 @@ class UserUpdate(SQLModel):
 
 
 class User(UserBase, table=True):
-    __tablename__ = "users"
+    __tablename__ = "users"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     username: str = Field(max_length=64, unique=True, index=True)
     hashed_password: str
@@ -68,7 +68,7 @@ class ApiTokenCreate(SQLModel):
 
 
 class ApiToken(SQLModel, table=True):
-    __tablename__ = "api_tokens"
+    __tablename__ = "api_tokens"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     user_id: int = Field(foreign_key="users.id", index=True, ondelete="CASCADE")
     name: str = Field(max_length=100)

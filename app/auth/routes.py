@@ -1,7 +1,7 @@
 """Users and API tokens (/api/v1/users, /api/v1/tokens)."""
 
 from fastapi import APIRouter, HTTPException, status
-from sqlmodel import select
+from sqlmodel import col, select
 
 from app.auth import service
 from app.auth.models import (
@@ -29,7 +29,7 @@ def read_me(user: CurrentUser) -> User:
 
 @router.get("/users", response_model=UsersPublic)
 def list_users(session: SessionDep, _: AdminUser) -> UsersPublic:
-    users = session.exec(select(User).order_by(User.id)).all()
+    users = session.exec(select(User).order_by(col(User.id))).all()
     return UsersPublic(data=[UserPublic.model_validate(u) for u in users], count=len(users))
 
 

@@ -175,6 +175,7 @@ def create_token(
 ) -> tuple[ApiToken, str]:
     """Mint a token; the secret is returned here once and stored only as its hash."""
     secret = secret or new_token()
+    assert user.id is not None, "tokens are minted for a saved user"
     expires_at = utcnow() + timedelta(days=expires_in_days) if expires_in_days else None
     token = ApiToken(
         user_id=user.id, name=name, token_hash=hash_token(secret), prefix=secret[:10], expires_at=expires_at
@@ -251,7 +252,7 @@ def forget_user(user_id: int | None) -> None:
 
 
 def list_tokens(session: Session, user: User) -> list[ApiToken]:
-    return list(session.exec(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id.desc())))
+    return list(session.exec(select(ApiToken).where(ApiToken.user_id == user.id).order_by(col(ApiToken.id).desc())))
 
 
 def revoke_token(session: Session, user: User, token_id: int) -> ApiToken | None:

@@ -12,7 +12,7 @@ class RegisteredModel(SQLModel, table=True):
     fsspec URL (``gs://bucket/prefix``). Its architecture is its preset's (checked against its
     config.json when registered, and again by the worker before it trains)."""
 
-    __tablename__ = "base_models"
+    __tablename__ = "base_models"  # pyright: ignore[reportAssignmentType]
     name: str = Field(primary_key=True, max_length=64)
     preset: str = Field(max_length=64)
     source: str = Field(max_length=1024)

@@ -77,7 +77,9 @@ def get(session: Session, name: str) -> BaseModelPublic | None:
 
 
 def _config_mismatches(config: dict, arch: Architecture) -> list[str]:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        text = config
     expected = {
         "num_hidden_layers": arch.num_layers,
         "hidden_size": arch.d_model,

@@ -71,7 +71,7 @@ class BenchmarkCreate(BenchmarkConfig):
 
 
 class Benchmark(SQLModel, table=True):
-    __tablename__ = "benchmarks"
+    __tablename__ = "benchmarks"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_benchmarks_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)
     owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")

@@ -7,7 +7,7 @@ from their heartbeat thread); the user cancels one with ``cancel``."""
 from __future__ import annotations
 
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.auth.models import User
 from app.benchmarks.models import TERMINAL, Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
@@ -57,6 +57,7 @@ def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
     queue.check_broker()
     pool = session.get(Pool, endpoint.pool)
     config = data.model_dump(exclude={"endpoint_id"})
+    assert owner.id is not None, "the owner is a saved user"
     benchmark = Benchmark(
         id=new_id("bm"),
         owner_id=owner.id,
@@ -139,10 +140,12 @@ def cancel(session: Session, benchmark: Benchmark) -> Benchmark:
     if benchmark.status in TERMINAL:
         raise BenchmarkError("status", f"benchmark {benchmark.id} is already {benchmark.status}", conflict=True)
     now = utcnow()
-    session.execute(update(Benchmark).where(Benchmark.id == benchmark.id).values(cancel_requested=True, updated_at=now))
-    session.execute(
+    session.exec(
+        update(Benchmark).where(col(Benchmark.id) == benchmark.id).values(cancel_requested=True, updated_at=now)
+    )
+    session.exec(
         update(Benchmark)
-        .where(Benchmark.id == benchmark.id, Benchmark.status == BenchmarkStatus.queued)
+        .where(col(Benchmark.id) == benchmark.id, col(Benchmark.status) == BenchmarkStatus.queued)
         .values(status=BenchmarkStatus.cancelled, finished_at=now)
     )
     session.commit()
@@ -182,9 +185,13 @@ def heartbeat(session: Session, benchmark_id: str, worker: str) -> str | None:
     """The worker sending the load is alive. Returns why it must stop: "cancel" (the user cancelled the
     benchmark), "gone" (it is not this worker's running benchmark any more: deleted, or failed by the
     stale sweep while this worker was silent), or None to go on."""
-    beaten = session.execute(
+    beaten = session.exec(
         update(Benchmark)
-        .where(Benchmark.id == benchmark_id, Benchmark.status == BenchmarkStatus.running, Benchmark.worker == worker)
+        .where(
+            col(Benchmark.id) == benchmark_id,
+            col(Benchmark.status) == BenchmarkStatus.running,
+            col(Benchmark.worker) == worker,
+        )
         .values(heartbeat_at=utcnow())
     ).rowcount
     session.commit()
@@ -204,7 +211,7 @@ def fail_stale(session: Session, pool: str) -> list[str]:
         select(Benchmark).where(
             Benchmark.pool == pool,
             Benchmark.status == BenchmarkStatus.running,
-            Benchmark.heartbeat_at < utcnow() - settings.stale_after,
+            col(Benchmark.heartbeat_at) < utcnow() - settings.stale_after,
         )
     ).all()
     ended = []
@@ -253,9 +260,9 @@ def _end(session: Session, benchmark: Benchmark, status: BenchmarkStatus, error:
     """End a running benchmark; False (nothing changed) when it had ended already, e.g. a worker that was
     silent too long and was failed by the stale sweep must not write over that."""
     now = utcnow()
-    ended = session.execute(
+    ended = session.exec(
         update(Benchmark)
-        .where(Benchmark.id == benchmark.id, Benchmark.status == BenchmarkStatus.running)
+        .where(col(Benchmark.id) == benchmark.id, col(Benchmark.status) == BenchmarkStatus.running)
         .values(status=status, error=error, finished_at=now, updated_at=now)
     ).rowcount
     session.commit()

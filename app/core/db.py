@@ -4,9 +4,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Engine, event, update
-from sqlmodel import Session, SQLModel, create_engine, select
+from sqlmodel import Session, col, create_engine, select
 
 from app.core.config import get_settings
 
@@ -17,14 +18,32 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def claim(session: Session, row: SQLModel, **values) -> bool:
+class _Attempted(Protocol):
+    """A table model whose task runs in attempts (a run, an artifact, an endpoint, a dataset, a benchmark)."""
+
+    id: Any
+    attempts: int
+
+
+class _Owned(Protocol):
+    """A table model that a user owns."""
+
+    id: Any
+    owner_id: int
+    created_at: datetime
+
+
+OwnedRow = TypeVar("OwnedRow", bound=_Owned)
+
+
+def claim(session: Session, row: _Attempted, **values) -> bool:
     """Take ``row`` (a run, an artifact, an endpoint, a dataset) for one more attempt: a compare-and-set
     on its ``attempts``, so that of two deliveries of the same task only one goes on. Sets ``values``
     with it; False (and nothing changed) when another took it first."""
     table = type(row)
-    taken = session.execute(
+    taken = session.exec(
         update(table)
-        .where(table.id == row.id, table.attempts == row.attempts)
+        .where(col(table.id) == row.id, col(table.attempts) == row.attempts)
         .values(attempts=row.attempts + 1, **values)
     ).rowcount
     if not taken:
@@ -35,19 +54,19 @@ def claim(session: Session, row: SQLModel, **values) -> bool:
     return True
 
 
-def owned(session: Session, model: type[SQLModel], owner, row_id: str):
+def owned(session: Session, model: type[OwnedRow], owner, row_id: str) -> OwnedRow | None:
     """The row of ``model`` with this id, if ``owner`` owns it (else None)."""
     row = session.get(model, row_id)
     return row if row is not None and row.owner_id == owner.id else None
 
 
-def owned_page(session: Session, model: type[SQLModel], owner, *, limit: int, offset: int, **filters) -> list:
+def owned_page(session: Session, model: type[OwnedRow], owner, *, limit: int, offset: int, **filters) -> list[OwnedRow]:
     """``owner``'s rows of ``model``, newest first, where every filter that is not None holds."""
-    query = select(model).where(model.owner_id == owner.id)
+    query = select(model).where(col(model.owner_id) == owner.id)
     for column, value in filters.items():
         if value is not None:
             query = query.where(getattr(model, column) == value)
-    query = query.order_by(model.created_at.desc(), model.id.desc()).offset(offset).limit(limit)
+    query = query.order_by(col(model.created_at).desc(), col(model.id).desc()).offset(offset).limit(limit)
     return list(session.exec(query).all())
 
 

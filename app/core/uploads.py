@@ -10,10 +10,14 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from fastapi import HTTPException, Request, status
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+if TYPE_CHECKING:  # the library declares it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 64 * 1024
 
@@ -56,11 +60,11 @@ class _Receiver:
         self._headers: dict[str, bytes] = {}
         self._name = ""
         self._file: ReceivedFile | None = None
-        self._fh = None
-        self._digest = None
+        self._fh: BinaryIO | None = None  # open while a file part is being received (``_file``)
+        self._digest = hashlib.sha256()
         self._value = bytearray()
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> "MultipartCallbacks":
         return {
             "on_part_begin": self._part_begin,
             "on_header_field": lambda d, s, e: self._header_field.extend(d[s:e]),
@@ -104,6 +108,7 @@ class _Receiver:
             if len(self._value) > MAX_FIELD_BYTES:
                 raise _bad_request(f"form field '{self._name}' is longer than {MAX_FIELD_BYTES} bytes")
             return
+        assert self._fh is not None, "a file part has its temporary file open"
         chunk = data[start:end]
         self._file.size += len(chunk)
         if self._file.size > self.max_bytes:
@@ -113,6 +118,7 @@ class _Receiver:
 
     def _part_end(self) -> None:
         if self._file is not None:
+            assert self._fh is not None, "a file part has its temporary file open"
             self._fh.close()
             self._fh = None
             self._file.sha256 = self._digest.hexdigest()

@@ -22,7 +22,7 @@ class DatasetBase(SQLModel):
 
 
 class Dataset(DatasetBase, table=True):
-    __tablename__ = "datasets"
+    __tablename__ = "datasets"  # pyright: ignore[reportAssignmentType]
     # Lists are per owner, newest first: this index serves them without a sort.
     __table_args__ = (Index("ix_datasets_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)

@@ -47,8 +47,8 @@ async def receive_dataset(request: Request, user, *, purpose_field: bool = False
         upload = form.files.get("file")
         if upload is None:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "form field 'file' is required")
-        purpose = form.fields.get("purpose") if purpose_field else "fine-tune"
-        if purpose_field and not purpose:
+        purpose = form.fields.get("purpose", "") if purpose_field else "fine-tune"
+        if not purpose:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "form field 'purpose' is required")
         with session_scope() as session:
             try:

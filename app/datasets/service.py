@@ -5,7 +5,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from sqlalchemy import tuple_
+from sqlalchemy import ColumnElement, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import defer
 from sqlmodel import Session, col, func, select
@@ -65,6 +65,7 @@ def create_from_upload(
 ) -> Dataset:
     """Move a fully received upload into storage, record it, and queue its validation."""
     check_options(file_type, fmt, purpose)
+    assert owner.id is not None, "the owner is a saved user"
     queue.check_broker()
     settings = get_settings()
     dataset_id = new_id("ds")
@@ -133,11 +134,11 @@ def list_datasets(
     after: Dataset | None = None,
 ) -> tuple[list[Dataset], int]:
     """Newest first. `after` is a cursor: only datasets older than it (OpenAI's pagination)."""
-    where = [Dataset.owner_id == owner.id]
+    where: list[ColumnElement[bool]] = [col(Dataset.owner_id) == owner.id]
     if status is not None:
-        where.append(Dataset.status == status)
+        where.append(col(Dataset.status) == status)
     if purpose is not None:
-        where.append(Dataset.purpose == purpose)
+        where.append(col(Dataset.purpose) == purpose)
     if after is not None:
         where.append(tuple_(Dataset.created_at, Dataset.id) < tuple_(after.created_at, after.id))
     count = session.exec(select(func.count()).select_from(Dataset).where(*where)).one()
@@ -145,7 +146,8 @@ def list_datasets(
         select(Dataset)
         .where(*where)
         .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
-        .options(*(defer(c, raiseload=True) for c in REPORT_COLUMNS))  # lists never show these
+        # lists never show these (SQLModel types the class attributes as their values; they are columns)
+        .options(*(defer(c, raiseload=True) for c in REPORT_COLUMNS))  # pyright: ignore[reportArgumentType]
         .offset(offset)
         .limit(limit)
     ).all()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib
 import itertools
 import math
 import os
@@ -512,6 +513,7 @@ class _Accumulator:
         if type(obj) is not dict:
             self.add_invalid(line, None, f"expected a JSON object, got {_tname(obj)}")
             return
+        assert self.fmt is not None, "records are checked once the format is known"
         try:
             packed, convo = _CHECK[self.fmt](obj)
         except _RecordError as exc:
@@ -676,6 +678,7 @@ class _Dist:
 
 
 def _scan_jsonl(path: str, acc: _Accumulator, prog: _Progress) -> None:
+    assert acc.fmt is not None, "a JSONL file is scanned once its format is known"
     fast = _FAST[acc.fmt]
     loads = orjson.loads
     packed = acc.packed
@@ -926,7 +929,8 @@ def _row_bytes(arr) -> np.ndarray:
     row. Computed on Arrow's buffers: no Python object is made, and a dictionary's entries are measured
     once, not once for each row that points to them."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    pc: Any = importlib.import_module("pyarrow.compute")  # its functions are made at import: untyped
 
     typ, n = arr.type, len(arr)
     if pa.types.is_dictionary(typ):
@@ -968,7 +972,8 @@ def _row_bytes(arr) -> np.ndarray:
 def _leaf_arrays(arr) -> Iterator:
     """The leaf arrays of an Arrow array, in the order of the Parquet leaf columns it was read from."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    pc: Any = importlib.import_module("pyarrow.compute")  # its functions are made at import: untyped
 
     typ = arr.type
     if pa.types.is_struct(typ):
@@ -1075,7 +1080,8 @@ def _read_dictionaries(reader, group: _RowGroup) -> None:
     the dictionaries kept as stored, which decodes each dictionary page whole (no larger than its chunk)
     and no row's values. A dictionary not seen so keeps the chunk's size as its bound."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    pc: Any = importlib.import_module("pyarrow.compute")  # its functions are made at import: untyped
 
     targets = [c for c in group.chunks if c.as_stored]
     if not targets or not group.rows:
@@ -1205,7 +1211,7 @@ def _scan_parquet(
             if batch is None:
                 break
             sizes = {name: _row_bytes(batch.column(name)) for name in wanted}
-            row_sizes = sum(sizes.values())
+            row_sizes = sum(sizes.values(), np.zeros(batch.num_rows, dtype=np.int64))
             decoded += int(row_sizes.sum())
             if max_bytes is not None and decoded > max_bytes:
                 acc.file_error(

@@ -65,6 +65,7 @@ def list_models(session: SessionDep, user: CurrentUser) -> dict:
     """The models the caller can call: those of their ready endpoints."""
     seen = {}
     for e in service.ready_endpoints(session, user):
+        assert e.ready_at is not None, "a ready endpoint has its ready_at"
         seen.setdefault(
             e.model, {"id": e.model, "object": "model", "created": int(e.ready_at.timestamp()), "owned_by": "tunedeck"}
         )
@@ -72,6 +73,7 @@ def list_models(session: SessionDep, user: CurrentUser) -> dict:
 
 
 async def _serving(user: User, model: str, *, fresh: bool = False) -> Endpoint | None:
+    assert user.id is not None, "the caller is a saved user"
     key = (user.id, model)
     hit = _routes.get(key)
     if hit is not None and hit[0] > time.monotonic() and not fresh:
@@ -116,6 +118,7 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
     for attempt in (1, 2):
         if endpoint is None:
             return await _refuse(404, f"The model `{model}` is not deployed: {_DEPLOY_IT}", receive, send)
+        assert endpoint.url is not None, "a ready endpoint has its url"
         try:
             response = await _upstream().post(endpoint.url + path, data=body, headers=_headers(endpoint))
         except aiohttp.ClientError as exc:
@@ -135,6 +138,8 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
         stats.error = "the model server refused the endpoint's key"
         _record(endpoint.id, stats, 502)
         return await _refuse(502, stats.error, receive, send)
+    else:  # each attempt above breaks or returns
+        raise AssertionError("unreachable")
 
     finished = False
 

@@ -27,7 +27,7 @@ class Runtime(StrEnum):
 
 
 class Endpoint(SQLModel, table=True):
-    __tablename__ = "endpoints"
+    __tablename__ = "endpoints"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_endpoints_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)
     owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
@@ -58,7 +58,7 @@ class Endpoint(SQLModel, table=True):
 class EndpointSample(SQLModel, table=True):
     """One request's latency and tokens: real traffic through the gateway, or a probe."""
 
-    __tablename__ = "endpoint_samples"
+    __tablename__ = "endpoint_samples"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_endpoint_samples_endpoint_at", "endpoint_id", "at"),)
     id: int | None = Field(default=None, primary_key=True)
     endpoint_id: str = Field(foreign_key="endpoints.id", ondelete="CASCADE", max_length=32)

@@ -18,7 +18,7 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.auth.models import User
@@ -58,7 +58,7 @@ def cost_usd(session: Session, endpoint: Endpoint) -> float:
 def to_public(session: Session, endpoint: Endpoint, viewer: User) -> EndpointPublic:
     """The endpoint as ``viewer`` sees it: where its model server listens is for admins only (the others
     call it through the gateway)."""
-    update = {"cost_usd": round(cost_usd(session, endpoint), 6)}
+    update: dict[str, float | None] = {"cost_usd": round(cost_usd(session, endpoint), 6)}
     if not viewer.is_admin:
         update["url"] = None
     return EndpointPublic.model_validate(endpoint, update=update)
@@ -66,8 +66,8 @@ def to_public(session: Session, endpoint: Endpoint, viewer: User) -> EndpointPub
 
 def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:
     """Every endpoint that served an artifact of the run, with its cost."""
-    query = select(Endpoint).join(Artifact, Artifact.id == Endpoint.artifact_id).where(Artifact.run_id == run_id)
-    return [(e, cost_usd(session, e)) for e in session.exec(query.order_by(Endpoint.created_at)).all()]
+    query = select(Endpoint).join(Artifact, col(Artifact.id) == Endpoint.artifact_id).where(Artifact.run_id == run_id)
+    return [(e, cost_usd(session, e)) for e in session.exec(query.order_by(col(Endpoint.created_at))).all()]
 
 
 def list_endpoints(
@@ -102,6 +102,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
             "merged models (vLLM on a TPU or GPU pool serves adapters)",
         )
     queue.check_broker()
+    assert owner.id is not None, "the owner is a saved user"
     endpoint = Endpoint(
         id=new_id("ep"),
         owner_id=owner.id,
@@ -122,7 +123,7 @@ def serving(session: Session, owner: User, model: str) -> Endpoint | None:
     query = select(Endpoint).where(
         Endpoint.owner_id == owner.id, Endpoint.model == model, Endpoint.status == EndpointStatus.ready
     )
-    return session.exec(query.order_by(Endpoint.ready_at.desc())).first()
+    return session.exec(query.order_by(col(Endpoint.ready_at).desc())).first()
 
 
 def ready_endpoints(session: Session, owner: User) -> list[Endpoint]:
@@ -145,7 +146,7 @@ def samples(session: Session, endpoint: Endpoint, *, since: datetime) -> list[En
     rows = session.exec(
         select(EndpointSample)
         .where(EndpointSample.endpoint_id == endpoint.id, EndpointSample.at >= since)
-        .order_by(EndpointSample.at)
+        .order_by(col(EndpointSample.at))
     ).all()
     out = []
     for r in rows:
@@ -295,8 +296,8 @@ def fail_stale(session: Session, pool: str) -> list[str]:
     stale = session.exec(
         select(Endpoint).where(
             Endpoint.pool == pool,
-            Endpoint.status.in_([EndpointStatus.starting, EndpointStatus.ready, EndpointStatus.stopping]),
-            Endpoint.heartbeat_at < cutoff,
+            col(Endpoint.status).in_([EndpointStatus.starting, EndpointStatus.ready, EndpointStatus.stopping]),
+            col(Endpoint.heartbeat_at) < cutoff,
         )
     ).all()
     for endpoint in stale:

@@ -26,7 +26,7 @@ class PoolUpdate(SQLModel):
 
 
 class Pool(PoolBase, table=True):
-    __tablename__ = "pools"
+    __tablename__ = "pools"  # pyright: ignore[reportAssignmentType]
     name: str = Field(primary_key=True, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
 
@@ -34,7 +34,7 @@ class Pool(PoolBase, table=True):
 class WorkerHost(SQLModel, table=True):
     """A worker process serving a pool; it writes `last_seen` every few seconds while alive."""
 
-    __tablename__ = "worker_hosts"
+    __tablename__ = "worker_hosts"  # pyright: ignore[reportAssignmentType]
     hostname: str = Field(primary_key=True, max_length=255)
     pool: str = Field(max_length=64, index=True)
     pid: int

@@ -46,12 +46,14 @@ def create_pool(
     if not user.is_admin:
         return _page(request, session, user, error="Only admins can change pools.", status_code=403)
     try:
-        data = PoolCreate(
-            name=name,
-            accelerator=accelerator,
-            chips=chips,
-            price_per_chip_hour=price_per_chip_hour,
-            description=description,
+        data = PoolCreate.model_validate(
+            {
+                "name": name,
+                "accelerator": accelerator,
+                "chips": chips,
+                "price_per_chip_hour": price_per_chip_hour,
+                "description": description,
+            }
         )
         service.create_pool(session, data)
     except ValidationError as exc:

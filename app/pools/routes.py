@@ -51,7 +51,7 @@ def create_pool(data: PoolCreate, session: SessionDep, _: AdminUser) -> PoolPubl
         pool = service.create_pool(session, data)
     except service.PoolError as exc:
         raise errors.unprocessable(str(exc), exc.field) from exc
-    return service.get_pool(session, pool.name)
+    return errors.found(service.get_pool(session, pool.name), "pool", pool.name)
 
 
 @router.patch("/{name}", response_model=PoolPublic)
@@ -60,7 +60,7 @@ def update_pool(name: str, data: PoolUpdate, session: SessionDep, _: AdminUser) 
         service.update_pool(session, _get(session, name), data)
     except service.PoolError as exc:
         raise errors.unprocessable(str(exc), exc.field) from exc
-    return service.get_pool(session, name)
+    return errors.found(service.get_pool(session, name), "pool", name)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)

@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.core.config import get_settings
 from app.core.db import utcnow
@@ -55,7 +55,7 @@ def online_cutoff():
 
 
 def workers(session: Session, pool: str | None = None) -> list[WorkerPublic]:
-    query = select(WorkerHost).where(WorkerHost.stopped_at.is_(None)).order_by(WorkerHost.hostname)
+    query = select(WorkerHost).where(col(WorkerHost.stopped_at).is_(None)).order_by(WorkerHost.hostname)
     if pool is not None:
         query = query.where(WorkerHost.pool == pool)
     cutoff = online_cutoff()

@@ -97,7 +97,7 @@ class RunCreate(SQLModel):
 
 
 class Run(SQLModel, table=True):
-    __tablename__ = "runs"
+    __tablename__ = "runs"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_runs_owner_created", "owner_id", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=32)
     owner_id: int = Field(foreign_key="users.id", ondelete="CASCADE")
@@ -128,7 +128,7 @@ class Run(SQLModel, table=True):
 
 
 class RunEvent(SQLModel, table=True):
-    __tablename__ = "run_events"
+    __tablename__ = "run_events"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
     created_at: datetime = Field(default_factory=utcnow)
@@ -137,7 +137,7 @@ class RunEvent(SQLModel, table=True):
 
 
 class RunMetric(SQLModel, table=True):
-    __tablename__ = "run_metrics"
+    __tablename__ = "run_metrics"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
     step: int
@@ -146,7 +146,7 @@ class RunMetric(SQLModel, table=True):
 
 
 class RunCheckpoint(SQLModel, table=True):
-    __tablename__ = "run_checkpoints"
+    __tablename__ = "run_checkpoints"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", index=True, max_length=32)
     step: int

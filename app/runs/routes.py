@@ -94,6 +94,7 @@ def get_run(
                 return None
             points = service.metrics(s, current, after_id=last_id[0])
             if points:
+                assert points[-1].id is not None, "a metric row read back has its id"
                 last_id[0] = points[-1].id
             payload = {
                 "run": service.to_public(s, current).model_dump(mode="json"),

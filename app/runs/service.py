@@ -153,6 +153,7 @@ def check_fits(session: Session, data: RunCreate, pool: Pool) -> Estimate:
     fsdp, tp = resolve_mesh(data.config, pool)
     est = estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, None)
     if not est.fits and not data.force:
+        assert est.lower is not None, "an estimate that does not fit names the field to lower"
         raise RunInvalid(tuple(est.lower.split(".")), f"will not fit in memory: {est.warning} (or set force)")
     return est
 
@@ -164,6 +165,7 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
+    assert owner.id is not None, "the owner is a saved user"
     run = Run(
         id=new_id("run"),
         owner_id=owner.id,
@@ -217,7 +219,7 @@ def on_dataset_validated(session: Session, dataset: Dataset) -> None:
         if dataset.status == DatasetStatus.invalid:
             _finish(session, run, RunStatus.failed, f"dataset {dataset.id} is invalid ({dataset.error_count} errors)")
             continue
-        others = [session.get(Dataset, i) for i in (run.dataset_id, run.validation_dataset_id) if i]
+        others = [session.get_one(Dataset, i) for i in (run.dataset_id, run.validation_dataset_id) if i]
         if all(d.status == DatasetStatus.ready for d in others):
             run.status = RunStatus.queued
             session.add(run)
@@ -243,7 +245,7 @@ def get(session: Session, owner: User, run_id: str) -> Run | None:
 def events(session: Session, run: Run, *, limit: int = 100, after: int | None = None) -> list[RunEvent]:
     query = select(RunEvent).where(RunEvent.run_id == run.id)
     if after is not None:
-        query = query.where(RunEvent.id < after)
+        query = query.where(col(RunEvent.id) < after)
     return list(session.exec(query.order_by(col(RunEvent.id).desc()).limit(limit)))
 
 
@@ -253,14 +255,16 @@ def metrics(session: Session, run: Run, *, since_step: int = -1, after_id: int =
     return list(
         session.exec(
             select(RunMetric)
-            .where(RunMetric.run_id == run.id, RunMetric.step > since_step, RunMetric.id > after_id)
-            .order_by(RunMetric.id)
+            .where(RunMetric.run_id == run.id, col(RunMetric.step) > since_step, col(RunMetric.id) > after_id)
+            .order_by(col(RunMetric.id))
         )
     )
 
 
 def checkpoints(session: Session, run: Run) -> list[RunCheckpoint]:
-    return list(session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id).order_by(RunCheckpoint.step)))
+    return list(
+        session.exec(select(RunCheckpoint).where(RunCheckpoint.run_id == run.id).order_by(col(RunCheckpoint.step)))
+    )
 
 
 # --- user actions -------------------------------------------------------------------------------
@@ -314,8 +318,9 @@ def start(session: Session, run_id: str, worker: str) -> Run | None:
     run = session.get(Run, run_id)
     if run is None or run.status in TERMINAL or run.status == RunStatus.paused:
         return None
-    if run.status == RunStatus.running and run.worker and utcnow() - run.heartbeat_at < get_settings().stale_after:
-        return None  # another worker is on it (a re-queued run has no worker)
+    if run.status == RunStatus.running and run.worker and run.heartbeat_at:
+        if utcnow() - run.heartbeat_at < get_settings().stale_after:
+            return None  # another worker is on it (a re-queued run has no worker)
     if run.lost_attempts >= MAX_LOST_ATTEMPTS:
         _finish(session, run, RunStatus.failed, f"gave up: its worker was lost {run.lost_attempts} times")
         return None
@@ -351,8 +356,9 @@ def requeue_stale(session: Session, pool: str) -> list[str]:
         select(Run).where(
             Run.pool == pool,
             # running, or handed back by a worker killed before it could queue them (it still names it)
-            (Run.status == RunStatus.running) | ((Run.status == RunStatus.queued) & Run.worker.is_not(None)),
-            Run.heartbeat_at < cutoff,
+            (col(Run.status) == RunStatus.running)
+            | ((col(Run.status) == RunStatus.queued) & col(Run.worker).is_not(None)),
+            col(Run.heartbeat_at) < cutoff,
         )
     ).all()
     for run in stale:
@@ -376,7 +382,7 @@ def hand_back(session: Session, worker: str) -> list[str]:
     leaves it queued, still naming the worker); ``requeue_handed_back`` sends their tasks once the worker
     takes no more, and the next worker of the pool resumes each from its checkpoint."""
     running = session.exec(
-        select(Run).where(Run.worker == worker, Run.status == RunStatus.running, Run.stop_requested.is_(None))
+        select(Run).where(Run.worker == worker, Run.status == RunStatus.running, col(Run.stop_requested).is_(None))
     ).all()
     for run in running:
         run.stop_requested = "handback"
@@ -410,7 +416,7 @@ def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | 
 
 def rewind(session: Session, run: Run, step: int) -> None:
     """A new attempt resumes after `step`: forget what a lost attempt reported beyond it."""
-    session.execute(delete(RunMetric).where(RunMetric.run_id == run.id, RunMetric.step > step))
+    session.execute(delete(RunMetric).where(col(RunMetric.run_id) == run.id, col(RunMetric.step) > step))
     run.step = step
     session.add(run)
     event(session, run, f"resumed from step {step}")
@@ -422,7 +428,7 @@ def record_metrics(session: Session, run: Run, rows: list[tuple[int, dict[str, f
         session.add(RunMetric(run_id=run.id, step=step, values=values))
     evals = {step: values["eval_loss"] for step, values in rows if "eval_loss" in values}
     if evals:  # a step's evaluation runs after its checkpoint is saved: complete the checkpoint's metrics
-        query = select(RunCheckpoint).where(RunCheckpoint.run_id == run.id, RunCheckpoint.step.in_(list(evals)))
+        query = select(RunCheckpoint).where(RunCheckpoint.run_id == run.id, col(RunCheckpoint.step).in_(list(evals)))
         for ckpt in session.exec(query):
             ckpt.metrics = {**ckpt.metrics, "eval_loss": evals[ckpt.step]}
             session.add(ckpt)

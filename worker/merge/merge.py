@@ -30,8 +30,9 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -299,7 +300,7 @@ class _Merger:
         take = threading.Lock()
         workers = len(os.sched_getaffinity(0))
         with ThreadPoolExecutor(workers + len(shards), thread_name_prefix="merge") as pool:
-            jobs = [pool.submit(self._work, todo, take, report) for _ in range(workers)]
+            jobs: list[Future[Any]] = [pool.submit(self._work, todo, take, report) for _ in range(workers)]
             hashes = [pool.submit(s.hash, self.failed) for s in shards]
             wait(jobs + hashes, return_when=FIRST_EXCEPTION)
             if any(j.done() and j.exception() for j in jobs + hashes):

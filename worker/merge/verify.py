@@ -64,7 +64,7 @@ def lora_model(
     lora = SimpleNamespace(
         target_modules=tuple(target_modules), lora_rank=rank, lora_alpha=alpha, lora_dropout=0.0, seed=0, dtype=dtype
     )
-    model, _ = engine.apply_lora(model, lora, models.RematConfig.NONE)
+    model, _ = engine.apply_lora(model, lora, models.RematConfig.NONE)  # pyright: ignore[reportArgumentType]
     state = nnx.state(model, nnx.LoRAParam)
     handler = ocp.PyTreeCheckpointHandler()
     try:

@@ -341,6 +341,7 @@ class Engine:
     def _take(self, slot: int, token: int) -> None:
         """A row's new token: streamed to its request, or the row's end."""
         row = self._rows[slot]
+        assert row is not None, "a token is taken for a live row"
         r = row.request
         if r.cancelled:
             self._free(slot)

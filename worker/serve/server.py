@@ -244,6 +244,7 @@ class Generation:
         now = time.perf_counter()
         m.e2e.observe(now - self.request.arrival)
         if len(self.ids) > 1:
+            assert self.last_at is not None and self.first_token_at is not None, "set by the first token"
             m.tpot.observe((self.last_at - self.first_token_at) / (len(self.ids) - 1))
         if self.finish_reason in ("stop", "length"):
             m.requests.labels(m.model, self.finish_reason).inc()
@@ -375,6 +376,7 @@ def create_app(
             if isinstance(body, ChatRequest):
                 prompt_ids = server.chat_prompt(body)
             else:
+                assert isinstance(body, CompletionRequest), "parsed as one or the other"
                 prompt_ids = [*tok.bos, *tok.encode(body.prompt)]
             arrival = request.scope.get("arrival") or time.perf_counter()
             gen = Generation(server, prompt_ids, body, arrival, reasoning=chat)

@@ -52,7 +52,7 @@ class TokenizedDataset:
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.tokens[a:b], self.mask[a:b]
 
-    def subset(self, indices: Sequence[int]) -> TokenizedDataset:
+    def subset(self, indices: Sequence[int] | np.ndarray) -> TokenizedDataset:
         parts = [self.example(int(i)) for i in indices]
         lengths = np.array([len(t) for t, _ in parts], np.int64)
         return TokenizedDataset(
@@ -122,7 +122,7 @@ def split_validation(ds: TokenizedDataset, fraction: float, seed: int) -> tuple[
 # -- rows and batches --------------------------------------------------------------------------
 
 
-def pack(lengths: np.ndarray, order: Sequence[int], max_seq_len: int) -> list[list[int]]:
+def pack(lengths: np.ndarray, order: Sequence[int] | np.ndarray, max_seq_len: int) -> list[list[int]]:
     """Greedy in-order packing: example indices per row, each row's total length <= max_seq_len."""
     rows: list[list[int]] = []
     current: list[int] = []
@@ -191,7 +191,8 @@ class Batches:
                 tokens[r, at : at + len(t)] = t
                 mask[r, at : at + len(t)] = m
                 at += len(t)
-        return TrainingInput(input_tokens=tokens, input_mask=mask)
+        # pyright reads no fields in Tunix's flax dataclass (Tunix is not typed)
+        return TrainingInput(input_tokens=tokens, input_mask=mask)  # pyright: ignore[reportCallIssue]
 
     def epoch(self, epoch: int) -> Iterator:
         rows = self.rows(epoch)

@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -139,7 +139,7 @@ def configure_compilation_cache() -> str:
 
     path = os.environ.get("TUNEDECK_JAX_CACHE_DIR") or os.path.expanduser("~/.cache/tunedeck/jax")
     os.makedirs(path, exist_ok=True)
-    if jax.config.jax_compilation_cache_dir != path:
+    if jax.config.jax_compilation_cache_dir != path:  # pyright: ignore[reportAttributeAccessIssue] (set dynamically)
         jax.config.update("jax_compilation_cache_dir", path)
         compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -236,7 +236,7 @@ def make_optimizer(spec: TrainSpec, total_steps: int) -> optax.GradientTransform
 def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
     """Qwix LoRA on the target projections, applied with remat off (Qwix creates no LoRA params
     under remat), then remat set on every module's config. Returns (model, trainable params)."""
-    kwargs = {"dropout": spec.lora_dropout} if spec.lora_dropout > 0 else {}
+    kwargs: dict[str, Any] = {"dropout": spec.lora_dropout} if spec.lora_dropout > 0 else {}
     provider = qwix.LoraProvider(
         module_path=models.lora_module_path(spec.target_modules), rank=spec.lora_rank, alpha=spec.lora_alpha, **kwargs
     )
@@ -249,7 +249,7 @@ def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
         nnx.update(lora_model, jax.tree.map(lambda x: x.astype(jnp.float32), state))
     if spec.lora_dropout > 0:  # Qwix unsets its rngs after init; dropout needs a stream
         lora_model.set_attributes(qwix_rngs=nnx.Rngs(dropout=spec.seed + 1))
-    for _, module in nnx.iter_modules(lora_model):
+    for _, module in nnx.iter_modules(lora_model):  # pyright: ignore[reportArgumentType] (Qwix types it as linen's)
         config = getattr(module, "config", None)
         if isinstance(config, models.ModelConfig):
             config.remat_config = remat
@@ -341,6 +341,7 @@ class _Checkpoints:
             custom_metadata=custom_metadata,
         )
         if saved:
+            assert orbax_manager is not None, "a save goes through Orbax's manager"
             orbax_manager.wait_until_finished()
             path = str(Path(self._run.checkpoint_dir) / str(step))
             self._run.reporter.log(f"checkpoint at step {step}: {path} ({time.perf_counter() - t:.2f} s)")
@@ -422,10 +423,10 @@ class _Run:
         self.last_reported = 0
         self.last_dispatched = 0
         self.pending: list[tuple[int, list, int]] = []  # dispatched steps not reported yet
-        self.first_step = None
+        self.first_step: int | None = None
         self.stopped_early = False
-        self.last_loss = None
-        self.last_eval_loss = None
+        self.last_loss: float | None = None
+        self.last_eval_loss: float | None = None
         self.eval_started = 0.0
         self.tokens_total = 0
         self.train_time = 0.0
@@ -481,6 +482,7 @@ class _Run:
         the pipeline, as Tunix's own metrics avoid too), or at once with ``flush``: before a
         checkpoint, an evaluation, and at the end."""
         trainer = self.trainer
+        assert trainer is not None, "steps end once the trainer is made"
         outputs, trainer.step_outputs = trainer.step_outputs, []
         if step > self.last_dispatched and outputs:
             self.last_dispatched = step
@@ -638,7 +640,8 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
         run.first_step = run.last_reported = run.last_dispatched = trainer.train_steps
         if resumed:
             reporter.log(f"resumed from the checkpoint at step {resumed}")
-        trainer.checkpoint_manager = _Checkpoints(trainer.checkpoint_manager, run)
+        # the methods of Tunix's CheckpointManager that PeftTrainer calls, wrapped
+        trainer.checkpoint_manager = _Checkpoints(trainer.checkpoint_manager, run)  # pyright: ignore[reportAttributeAccessIssue]
         trainer.with_training_hooks(_Hooks(run))
         trainer.with_gen_model_input_fn(data.model_inputs_fn(tok.pad_id, tok.bos[0]))
 

@@ -41,7 +41,7 @@ def _install_capture() -> None:
         hidden.append(x)
         return x[..., :1]
 
-    decode._tunedeck_capture = True
+    decode._tunedeck_capture = True  # pyright: ignore[reportFunctionMemberAccess] (marks the wrapper: once only)
     gemma4.Embedder.decode = decode
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def write_checkpoint(dest: Path, config: dict) -> Path:
 def _spec(**kw):
     from worker.training import engine
 
-    base = dict(
+    base: dict[str, Any] = dict(
         base_model_dir="",
         preset=None,
         dataset_path="",
@@ -138,7 +139,7 @@ def lower_step(trainer, spec, mesh, pad_id: int = 0):
     shape = (spec.batch_size, spec.max_seq_len)
     tokens = rng.integers(3, trainer.model.config.num_embed, shape).astype(np.int32)
     tokens[:, 0] = 2  # <bos>
-    batch = peft_trainer.TrainingInput(input_tokens=tokens, input_mask=np.ones(shape, np.int32))
+    batch = peft_trainer.TrainingInput(input_tokens=tokens, input_mask=np.ones(shape, np.int32))  # pyright: ignore[reportCallIssue] (Tunix's untyped dataclass)
     trainer.with_gen_model_input_fn(data.model_inputs_fn(pad_id, 2))
     with mesh:
         step = nnx.jit(trainer.create_train_step_fn(), donate_argnames=("optimizer",))

@@ -60,8 +60,9 @@ def flops_per_token(model, config: models.ModelConfig, seq_len: int) -> float:
         elif value.ndim >= 2:  # matmul weights; the tied embedding counts once, as the output projection
             base += value.size
     attn = 0.0
+    pattern = config.attention_pattern or models.gemma4.GEMMA4_ATTENTION_PATTERN  # Tunix's when unset
     for layer in range(config.num_layers):
-        kind = config.attention_pattern[layer % len(config.attention_pattern)]
+        kind = pattern[layer % len(pattern)]
         is_global = kind == models.AttentionType.GLOBAL
         head_dim = config.global_key_size if is_global and config.global_key_size else config.head_dim
         window = None if is_global else config.sliding_window_size
@@ -98,6 +99,6 @@ class CompileClock:
         self.seconds = 0.0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
-    def _on_event(self, event: str, duration: float, **_) -> None:
+    def _on_event(self, event: str, duration_secs: float, **_) -> None:
         if event in self.EVENTS:
-            self.seconds += duration
+            self.seconds += duration_secs
