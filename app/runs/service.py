@@ -3,15 +3,19 @@
     validating_files -> queued -> running -> succeeded | failed | cancelled
                                   running <-> paused (pause keeps the checkpoint; resume re-queues)
 
-Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel`, `pause`, `resume`.
+Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel`, `pause`, `resume`,
+`delete`.
 """
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
-from sqlalchemy import delete
+import sqlalchemy as sa
 from sqlmodel import Session, col, func, select
 
 from app.artifacts import service as artifacts
+from app.artifacts.models import Artifact
 from app.auth.models import User
 from app.base_models import service as base_models
 from app.core import queue
@@ -50,6 +54,11 @@ class RunInvalid(Exception):
 
 class StateError(Exception):
     pass
+
+
+def run_dir(run_id: str) -> Path:
+    """Where a run's workers write its checkpoints and its attempts' logs (the data dir is shared)."""
+    return get_settings().data_dir / "runs" / run_id
 
 
 def fine_tuned_model_name(run: Run) -> str:
@@ -303,6 +312,25 @@ def resume(session: Session, run: Run) -> Run:
     return run
 
 
+def delete(session: Session, run: Run) -> None:
+    """Delete a finished run: its events, metrics and checkpoints, then its files (checkpoints and logs).
+    An active run must be cancelled first, and the artifacts made from it deleted first (an endpoint
+    serves an artifact, and an adapter is served on the run's base)."""
+    if run.status not in TERMINAL:
+        cancelling = run.stop_requested == "cancel"
+        then = "it is being cancelled: delete it once it has stopped" if cancelling else "cancel it first"
+        raise StateError(f"run {run.id} is {run.status}: {then}")
+    query = select(Artifact.id).where(col(Artifact.run_id) == run.id).order_by(col(Artifact.created_at))
+    made = session.exec(query).all()
+    if made:
+        raise StateError(f"run {run.id} has artifacts {', '.join(made)}: delete them first")
+    for table in (RunEvent, RunMetric, RunCheckpoint):
+        session.execute(sa.delete(table).where(table.run_id == run.id))
+    session.delete(run)
+    session.commit()
+    shutil.rmtree(run_dir(run.id), ignore_errors=True)
+
+
 # --- worker side --------------------------------------------------------------------------------
 
 
@@ -410,7 +438,7 @@ def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | 
 
 def rewind(session: Session, run: Run, step: int) -> None:
     """A new attempt resumes after `step`: forget what a lost attempt reported beyond it."""
-    session.execute(delete(RunMetric).where(RunMetric.run_id == run.id, RunMetric.step > step))
+    session.execute(sa.delete(RunMetric).where(col(RunMetric.run_id) == run.id, col(RunMetric.step) > step))
     run.step = step
     session.add(run)
     event(session, run, f"resumed from step {step}")

@@ -132,3 +132,20 @@ def test_a_forced_run_that_will_not_fit_is_queued_with_a_warning(server, api, re
     )
     for run_id in (run["id"], job.id):
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+
+
+def test_an_active_run_is_deleted_only_once_cancelled(server, api, ready_dataset):
+    # On the TPU pool, which no test worker serves: it stays queued.
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "pool": "tpu-v5p-8"})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    r = api.delete(f"/api/v1/runs/{run_id}")
+    assert r.status_code == 409 and r.json()["detail"] == f"run {run_id} is queued: cancel it first", r.text
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "queued"
+    _, _, token = make_user(server)
+    assert server.client(token).delete(f"/api/v1/runs/{run_id}").status_code == 404  # not theirs
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    assert api.delete(f"/api/v1/runs/{run_id}").status_code == 204
+    assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
+    assert api.get(f"/api/v1/runs/{run_id}/events").status_code == 404
+    assert api.delete(f"/api/v1/runs/{run_id}").status_code == 404
