@@ -80,7 +80,8 @@ def get(session: Session, owner: User, endpoint_id: str) -> Endpoint | None:
     return owned(session, Endpoint, owner, endpoint_id)
 
 
-def _runtime(pool: Pool) -> Runtime:
+def runtime_for(pool: Pool) -> Runtime:
+    """What serves the pool's endpoints: the built-in server on cpu, vLLM's container on TPU and GPU."""
     if pool.accelerator == "cpu":
         return Runtime.local
     return Runtime.vllm_tpu if pool.accelerator.startswith("tpu") else Runtime.vllm_gpu
@@ -95,7 +96,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     pool = session.get(Pool, data.pool)
     if pool is None:
         raise EndpointError("pool", f"unknown pool {data.pool!r}")
-    if artifact.kind != ArtifactKind.merged and _runtime(pool) == Runtime.local:
+    if artifact.kind != ArtifactKind.merged and runtime_for(pool) == Runtime.local:
         raise EndpointError(
             "artifact_id",
             f"artifact {artifact.id} is a PEFT adapter: the built-in model server of pool {pool.name!r} serves "
@@ -108,7 +109,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
         artifact_id=artifact.id,
         model=artifact.name,
         pool=pool.name,
-        runtime=_runtime(pool),
+        runtime=runtime_for(pool),
         settings={"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs},
     )
     session.add(endpoint)
@@ -191,6 +192,15 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     )
     queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=endpoint.pool)
     return endpoint
+
+
+def live_keys(session: Session, endpoint_ids: list[str]) -> dict[str, str]:
+    """The key of the current start of each of these endpoints that is live (pending ones have none yet):
+    a model server started with another key, or for an endpoint not listed here, is no one's."""
+    rows = session.exec(
+        select(Endpoint.id, Endpoint.api_key).where(Endpoint.id.in_(endpoint_ids), Endpoint.status.in_(ACTIVE))
+    ).all()
+    return {id_: key for id_, key in rows if key}
 
 
 def waiting_tasks(session: Session) -> list[queue.Waiting]:
