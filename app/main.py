@@ -16,6 +16,7 @@ from app.artifacts import pages as artifact_pages
 from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
+from app.auth.service import LimitReached
 from app.base_models import routes as base_model_routes
 from app.benchmarks import pages as benchmark_pages
 from app.benchmarks import routes as benchmark_routes
@@ -132,6 +133,14 @@ def create_app() -> FastAPI:
         if _wants_html(request):
             return render(request, "error.html", status_code=503, status=503, detail=detail)
         return JSONResponse({"detail": detail}, 503)
+
+    @app.exception_handler(LimitReached)
+    async def _limit_reached(request: Request, exc: LimitReached):
+        if request.url.path.startswith("/v1/"):
+            return openai_error(429, str(exc))
+        if _wants_html(request):
+            return render(request, "error.html", status_code=429, status=429, detail=str(exc))
+        return JSONResponse({"detail": str(exc)}, 429)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):

@@ -18,9 +18,10 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
-from sqlmodel import Session, select
+from sqlmodel import Session, func, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
+from app.auth import service as users
 from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
@@ -87,6 +88,16 @@ def runtime_for(pool: Pool) -> Runtime:
     return Runtime.vllm_tpu if pool.accelerator.startswith("tpu") else Runtime.vllm_gpu
 
 
+def count_live(session: Session, owner_id: int) -> int:
+    """The user's endpoints that are live (what ``max_live_endpoints`` limits)."""
+    where = (Endpoint.owner_id == owner_id, Endpoint.status.in_(ACTIVE))
+    return session.exec(select(func.count()).select_from(Endpoint).where(*where)).one()
+
+
+def _check_limit(session: Session, owner_id: int) -> None:
+    users.check_limit(session, owner_id, "max_live_endpoints", lambda: count_live(session, owner_id), "live endpoint")
+
+
 def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     artifact = session.get(Artifact, data.artifact_id)
     if artifact is None or artifact.owner_id != owner.id:
@@ -103,6 +114,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
             "merged models (vLLM on a TPU or GPU pool serves adapters)",
         )
     queue.check_broker()
+    _check_limit(session, owner.id)
     endpoint = Endpoint(
         id=new_id("ep"),
         owner_id=owner.id,
@@ -175,6 +187,7 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     if artifact is None or artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {endpoint.artifact_id} is gone", conflict=True)
     queue.check_broker()
+    _check_limit(session, endpoint.owner_id)
     _set(
         session,
         endpoint,

@@ -16,6 +16,7 @@ from sqlmodel import Session, col, func, select
 
 from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact
+from app.auth import service as users
 from app.auth.models import User
 from app.base_models import service as base_models
 from app.core import queue
@@ -170,6 +171,7 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     pool, used = check(session, owner, data)
     est = check_fits(session, data, pool)
     queue.check_broker()
+    users.check_limit(session, owner.id, "max_active_runs", lambda: count_active(session, owner.id), "active run")
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
@@ -231,6 +233,12 @@ def on_dataset_validated(session: Session, dataset: Dataset) -> None:
             run.status = RunStatus.queued
             session.add(run)
             _enqueue(session, run)
+
+
+def count_active(session: Session, owner_id: int) -> int:
+    """The user's runs that are not over (what ``max_active_runs`` limits)."""
+    where = (Run.owner_id == owner_id, col(Run.status).not_in(TERMINAL))
+    return session.exec(select(func.count()).select_from(Run).where(*where)).one()
 
 
 def list_runs(session: Session, owner: User, *, limit: int = 100, offset: int = 0, status: RunStatus | None = None):

@@ -149,3 +149,43 @@ def test_an_active_run_is_deleted_only_once_cancelled(server, api, ready_dataset
     assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
     assert api.get(f"/api/v1/runs/{run_id}/events").status_code == 404
     assert api.delete(f"/api/v1/runs/{run_id}").status_code == 404
+
+
+def test_a_users_active_runs_are_limited_on_both_api_trees(server, api):
+    """An admin sets a user's limit on active runs; the run past it is refused with 429 naming the limit,
+    whichever API it comes through, and nothing is queued; a run that ends frees its place."""
+    _, _, token = make_user(server)
+    user = server.client(token)
+    me = user.get("/api/v1/users/me").json()
+    assert me["max_active_runs"] is None  # the setting's default
+    assert user.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": 5}).status_code == 403  # admins only
+    r = api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": -1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_active_runs"]
+    r = api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": 2})
+    assert r.status_code == 200 and r.json()["max_active_runs"] == 2 and r.json()["max_live_endpoints"] is None
+    dataset = wait_dataset(server, user, upload(user, "mine.jsonl", CHAT).json()["id"])["id"]
+
+    # On the TPU pool, which no test worker serves: they stay queued, active.
+    body = {"dataset_id": dataset, "pool": "tpu-v5p-8"}
+    first, second = (user.post("/api/v1/runs", json=body) for _ in range(2))
+    assert first.status_code == second.status_code == 201, (first.text, second.text)
+    limit = "you have 2 active runs; your limit is 2"
+    r = user.post("/api/v1/runs", json=body)
+    assert r.status_code == 429 and r.json()["detail"].startswith(limit), r.text
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.fine_tuning.jobs.create(
+            model="tiny-gemma4", training_file=dataset, extra_body={"tunedeck": {"pool": "tpu-v5p-8"}}
+        )
+    assert refused.value.body["message"].startswith(limit), refused.value.body
+    assert user.get("/api/v1/runs").json()["count"] == 2
+
+    assert user.post(f"/api/v1/runs/{first.json()['id']}/cancel").status_code == 200  # one place free
+    third = user.post("/api/v1/runs", json=body)
+    assert third.status_code == 201, third.text
+    assert user.post("/api/v1/runs", json=body).status_code == 429
+    assert api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": None}).json()["max_active_runs"] is None
+    fourth = user.post("/api/v1/runs", json=body)  # the default (20) again
+    assert fourth.status_code == 201, fourth.text
+    for run in (second, third, fourth):
+        assert user.post(f"/api/v1/runs/{run.json()['id']}/cancel").status_code == 200
