@@ -6,7 +6,7 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -23,7 +23,7 @@ from app.benchmarks import routes as benchmark_routes
 from app.core import queue
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
-from app.core.errors import openai_error
+from app.core.errors import openai_error, validation_errors
 from app.core.headers import SecurityHeaders, add_docs
 from app.core.limits import BodyLimit
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
@@ -148,7 +148,7 @@ def create_app() -> FastAPI:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"][1:])
             return openai_error(422, f"{param}: {first['msg']}", param)
-        return await request_validation_exception_handler(request, exc)
+        return JSONResponse({"detail": validation_errors(exc.errors())}, 422)
 
     return app
 

@@ -26,6 +26,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
+from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import (
@@ -101,12 +102,12 @@ def _check_limit(session: Session, owner_id: int) -> None:
 def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     artifact = session.get(Artifact, data.artifact_id)
     if artifact is None or artifact.owner_id != owner.id:
-        raise EndpointError("artifact_id", f"unknown artifact {data.artifact_id!r}")
+        raise EndpointError("artifact_id", f"unknown artifact {echo(data.artifact_id)}")
     if artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {artifact.id} is {artifact.status}; only a built one deploys")
     pool = session.get(Pool, data.pool)
     if pool is None:
-        raise EndpointError("pool", f"unknown pool {data.pool!r}")
+        raise EndpointError("pool", f"unknown pool {echo(data.pool)}")
     if artifact.kind != ArtifactKind.merged and runtime_for(pool) == Runtime.local:
         raise EndpointError(
             "artifact_id",

@@ -22,6 +22,7 @@ from app.base_models import service as base_models
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
+from app.core.echo import echo
 from app.core.security import new_id
 from app.datasets import service as datasets
 from app.datasets.models import Dataset, DatasetStatus
@@ -73,7 +74,7 @@ def event(session: Session, run: Run, message: str, level: str = "info") -> None
 def _dataset(session: Session, owner: User, dataset_id: str, field: str) -> Dataset:
     dataset = datasets.get_dataset(session, owner, dataset_id)
     if dataset is None:
-        raise RunInvalid((field,), f"unknown dataset {dataset_id!r}")
+        raise RunInvalid((field,), f"unknown dataset {echo(dataset_id)}")
     if dataset.status == DatasetStatus.invalid:
         raise RunInvalid((field,), f"dataset {dataset_id} is invalid ({dataset.error_count} errors): fix and re-upload")
     return dataset
@@ -93,7 +94,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         raise RunInvalid((exc.field,), str(exc)) from exc
     pool = session.get(Pool, data.pool)
     if pool is None:
-        raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")
+        raise RunInvalid(("pool",), f"unknown pool {echo(data.pool)}")
     used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
     if data.validation_dataset_id:
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))

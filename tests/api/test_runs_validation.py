@@ -189,3 +189,35 @@ def test_a_users_active_runs_are_limited_on_both_api_trees(server, api):
     assert fourth.status_code == 201, fourth.text
     for run in (second, third, fourth):
         assert user.post(f"/api/v1/runs/{run.json()['id']}/cancel").status_code == 200
+
+
+def test_errors_quote_a_huge_value_by_a_short_prefix(server, api, ready_dataset):
+    """A bad field value is quoted in the answer by its first 200 characters, whichever check refused it
+    (the schema's or the service's), on both API trees; a body of many bad items lists the first errors."""
+    before = api.get("/api/v1/runs").json()["count"]
+    huge = "p" * 500_000
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "pool": huge})
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    assert r.json()["detail"][0] == {
+        "loc": ["body", "pool"],
+        "msg": f"unknown pool '{'p' * 200}'…",
+        "type": "value_error",
+    }
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "suffix": huge})
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "suffix"] and error["input"] == "p" * 200 + "…", error
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [[huge]] * 2}})
+    assert r.status_code == 422 and len(r.content) < 2000, r.content[:2000]
+    assert r.json()["detail"][0]["input"].startswith('["ppp') and r.json()["detail"][0]["input"].endswith("…")
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [1] * 100_000}})
+    assert r.status_code == 422 and len(r.content) < 10_000, len(r.content)
+    detail = r.json()["detail"]
+    assert len(detail) == 21 and detail[0]["loc"] == ["body", "config", "target_modules", 0], detail[0]
+    assert detail[-1]["msg"] == "and 99980 more errors", detail[-1]
+    job = {"model": "tiny-gemma4", "training_file": huge, "tunedeck": {"pool": "tpu-v5p-8"}}
+    r = api.post("/v1/fine_tuning/jobs", json=job)
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    assert r.json()["error"]["message"].endswith(f"unknown dataset '{'p' * 200}'…"), r.json()
+    assert api.get(f"/api/v1/runs/{huge[:50_000]}").json()["detail"] == f"run {'p' * 200}… not found"
+    assert api.get("/api/v1/runs").json()["count"] == before
