@@ -267,7 +267,7 @@ def remove_orphans(session, client) -> list[str]:
     those of endpoints deleted, failed or stopped (a supervisor that died, with its host or alone, leaves
     its container running, holding the chips), and those of an earlier start of an endpoint started again
     (each start has a key of its own, in its container's environment)."""
-    import docker
+    import docker.errors
 
     found = client.containers.list(all=True, filters={"label": ENDPOINT_LABEL}, ignore_removed=True)
     if not found:

@@ -81,7 +81,7 @@ def check_limit(session: Session, owner_id: int, limit: str, count: Callable[[],
     setting of that name). ``count`` counts what they have (``noun``s) once the user's row is locked until the
     caller commits, so that two requests of the same user at once are counted one after the other on
     PostgreSQL (SQLite has no row locks: two requests at the very same moment may both pass)."""
-    own = session.exec(select(getattr(User, limit)).where(User.id == owner_id).with_for_update()).one()
+    own = session.exec(select(getattr(User, limit)).where(col(User.id) == owner_id).with_for_update()).one()
     allowed = own if own is not None else getattr(get_settings(), limit)
     have = count()
     if have >= allowed:

@@ -18,7 +18,7 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.auth import service as users
@@ -91,7 +91,7 @@ def runtime_for(pool: Pool) -> Runtime:
 
 def count_live(session: Session, owner_id: int) -> int:
     """The user's endpoints that are live (what ``max_live_endpoints`` limits)."""
-    where = (Endpoint.owner_id == owner_id, Endpoint.status.in_(ACTIVE))
+    where = (col(Endpoint.owner_id) == owner_id, col(Endpoint.status).in_(ACTIVE))
     return session.exec(select(func.count()).select_from(Endpoint).where(*where)).one()
 
 
@@ -115,6 +115,7 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
             "merged models (vLLM on a TPU or GPU pool serves adapters)",
         )
     queue.check_broker()
+    assert owner.id is not None, "the owner is a saved user"
     _check_limit(session, owner.id)
     endpoint = Endpoint(
         id=new_id("ep"),
@@ -211,9 +212,10 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
 def live_keys(session: Session, endpoint_ids: list[str]) -> dict[str, str]:
     """The key of the current start of each of these endpoints that is live (pending ones have none yet):
     a model server started with another key, or for an endpoint not listed here, is no one's."""
-    rows = session.exec(
-        select(Endpoint.id, Endpoint.api_key).where(Endpoint.id.in_(endpoint_ids), Endpoint.status.in_(ACTIVE))
-    ).all()
+    query = select(Endpoint.id, Endpoint.api_key).where(
+        col(Endpoint.id).in_(endpoint_ids), col(Endpoint.status).in_(ACTIVE)
+    )
+    rows = session.exec(query).all()
     return {id_: key for id_, key in rows if key}
 
 

@@ -172,7 +172,9 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     pool, used = check(session, owner, data)
     est = check_fits(session, data, pool)
     queue.check_broker()
-    users.check_limit(session, owner.id, "max_active_runs", lambda: count_active(session, owner.id), "active run")
+    owner_id = owner.id
+    assert owner_id is not None, "the owner is a saved user"
+    users.check_limit(session, owner_id, "max_active_runs", lambda: count_active(session, owner_id), "active run")
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
@@ -238,7 +240,7 @@ def on_dataset_validated(session: Session, dataset: Dataset) -> None:
 
 def count_active(session: Session, owner_id: int) -> int:
     """The user's runs that are not over (what ``max_active_runs`` limits)."""
-    where = (Run.owner_id == owner_id, col(Run.status).not_in(TERMINAL))
+    where = (col(Run.owner_id) == owner_id, col(Run.status).not_in(TERMINAL))
     return session.exec(select(func.count()).select_from(Run).where(*where)).one()
 
 
@@ -334,7 +336,7 @@ def delete(session: Session, run: Run) -> None:
     if made:
         raise StateError(f"run {run.id} has artifacts {', '.join(made)}: delete them first")
     for table in (RunEvent, RunMetric, RunCheckpoint):
-        session.execute(sa.delete(table).where(table.run_id == run.id))
+        session.execute(sa.delete(table).where(col(table.run_id) == run.id))
     session.delete(run)
     session.commit()
     shutil.rmtree(run_dir(run.id), ignore_errors=True)
