@@ -6,7 +6,7 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -16,13 +16,14 @@ from app.artifacts import pages as artifact_pages
 from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
 from app.auth import routes as auth_routes
+from app.auth.service import LimitReached
 from app.base_models import routes as base_model_routes
 from app.benchmarks import pages as benchmark_pages
 from app.benchmarks import routes as benchmark_routes
 from app.core import queue
 from app.core.config import get_settings
 from app.core.deps import LoginRequired
-from app.core.errors import openai_error
+from app.core.errors import openai_error, validation_errors
 from app.core.headers import SecurityHeaders, add_docs
 from app.core.limits import BodyLimit
 from app.core.metrics import MetricsMiddleware, metrics_endpoint
@@ -133,13 +134,21 @@ def create_app() -> FastAPI:
             return render(request, "error.html", status_code=503, status=503, detail=detail)
         return JSONResponse({"detail": detail}, 503)
 
+    @app.exception_handler(LimitReached)
+    async def _limit_reached(request: Request, exc: LimitReached):
+        if request.url.path.startswith("/v1/"):
+            return openai_error(429, str(exc))
+        if _wants_html(request):
+            return render(request, "error.html", status_code=429, status=429, detail=str(exc))
+        return JSONResponse({"detail": str(exc)}, 429)
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
         if request.url.path.startswith("/v1/"):
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"][1:])
             return openai_error(422, f"{param}: {first['msg']}", param)
-        return await request_validation_exception_handler(request, exc)
+        return JSONResponse({"detail": validation_errors(exc.errors())}, 422)
 
     return app
 

@@ -21,8 +21,9 @@ from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.db import session_scope
 from app.runs.models import Run
+from app.runs.service import run_dir
 from worker.processes import die_with_parent
-from worker.runs import HEARTBEAT_S, base_model_dir, run_dir
+from worker.runs import HEARTBEAT_S, base_model_dir
 
 log = logging.getLogger(__name__)
 

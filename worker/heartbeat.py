@@ -2,7 +2,9 @@
 and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued,
 its silent endpoints marked failed (their model server went with their host), its silent
 benchmarks failed (the worker sending their load was lost), and the tasks of rows of any pool
-that wait for a task their queue lost are sent again (`queue.resend_lost`)."""
+that wait for a task their queue lost are sent again (`queue.resend_lost`). A worker of a TPU or GPU
+pool also removes the vLLM containers of its host that no endpoint runs any more
+(`runtimes.remove_orphans`)."""
 
 import logging
 import threading
@@ -14,8 +16,11 @@ from app.core.config import get_settings
 from app.core.db import session_scope, utcnow
 from app.datasets import service as datasets
 from app.endpoints import service as endpoints
+from app.endpoints.models import Runtime
 from app.pools import service as pools
+from app.pools.models import Pool
 from app.runs import service as runs
+from worker import runtimes
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,7 @@ class Heartbeat:
         self.hostname, self.pool, self.pid = hostname, pool, pid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tunedeck-heartbeat", daemon=True)
+        self._docker = None  # the Docker Engine client of a TPU or GPU pool's worker, once made
 
     def start(self) -> None:
         self._guarded_beat()  # a first beat that fails (database not up yet, say) must not stop the rest
@@ -57,13 +63,27 @@ class Heartbeat:
             for row_id in queue.resend_lost(waiting, utcnow()):
                 log.warning("%s waited for a task its queue did not hold: sent again", row_id)
 
+    def _remove_orphan_containers(self) -> None:
+        with session_scope() as session:
+            pool = session.get(Pool, self.pool)
+            if pool is None or endpoints.runtime_for(pool) == Runtime.local:
+                return
+            try:
+                self._docker = self._docker or runtimes.docker_client()
+                for name in runtimes.remove_orphans(session, self._docker):
+                    log.warning("removed container %s: no endpoint runs it any more", name)
+            except Exception as exc:  # noqa: BLE001 - the engine is down: the next beat tries again
+                self._docker = None
+                log.warning("could not look for orphaned containers: %s", exc)
+
     def _run(self) -> None:
         interval = get_settings().worker_heartbeat_seconds
         while not self._stop.wait(interval):
             self._guarded_beat()
 
     def _guarded_beat(self) -> None:
-        try:
-            self._beat()
-        except Exception:  # noqa: BLE001 - a missed beat must not kill the worker or its heartbeat
-            log.exception("heartbeat failed")
+        for step in (self._beat, self._remove_orphan_containers):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - a missed beat must not kill the worker or its heartbeat
+                log.exception("heartbeat failed")

@@ -28,6 +28,7 @@ from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.runs import service as runs
 from app.runs.models import Run
+from app.runs.service import run_dir
 from worker import processes
 from worker.model_cache import cached_copy
 
@@ -35,10 +36,6 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 8.0
 HEARTBEAT_S = 2.0
-
-
-def run_dir(run_id: str) -> Path:
-    return get_settings().data_dir / "runs" / run_id
 
 
 def base_model_dir(session, run: Run) -> tuple[Path, str]:

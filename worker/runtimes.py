@@ -7,7 +7,9 @@
 
 Both speak vLLM's API and metrics, so the supervisor (worker/endpoints.py) treats them alike: ``start``,
 ``exit_reason`` (None while it runs), ``log`` (the tail of its output, where ``phase_of`` reads how far
-it has got) and ``stop``.
+it has got) and ``stop``. A container outlives a supervisor that dies (its host's other processes kill
+nothing in Docker): ``remove_orphans``, on each beat of a TPU or GPU pool's worker, removes the containers
+no endpoint runs any more.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Protocol
 
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.config import get_settings
+from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, Runtime
 from app.pools.models import Pool
 from worker import processes
@@ -39,6 +42,7 @@ VLLM_PHASES = (
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
 CONTAINER_MODELS = "/models"
 CONTAINER_CACHE = "/cache"
+ENDPOINT_LABEL = "tunedeck.endpoint"  # on each container: the endpoint it serves
 
 
 class ModelServer(Protocol):
@@ -175,7 +179,7 @@ def container_spec(
         "volumes": volumes,
         "network_mode": "host",
         "shm_size": settings.vllm_shm_size,
-        "labels": {"tunedeck.endpoint": endpoint.id, "tunedeck.artifact": artifact.id},
+        "labels": {ENDPOINT_LABEL: endpoint.id, "tunedeck.artifact": artifact.id},
     }
     if tpu:
         spec["privileged"] = True  # the TPU chips (/dev/vfio, /dev/accel*)
@@ -260,3 +264,28 @@ class VllmContainer:
         except docker.errors.NotFound:
             pass
         self.container = None
+
+
+def remove_orphans(session, client) -> list[str]:
+    """Remove the containers of this Docker Engine that no endpoint runs any more, and return their names:
+    those of endpoints deleted, failed or stopped (a supervisor that died, with its host or alone, leaves
+    its container running, holding the chips), and those of an earlier start of an endpoint started again
+    (each start has a key of its own, in its container's environment)."""
+    import docker.errors
+
+    found = client.containers.list(all=True, filters={"label": ENDPOINT_LABEL}, ignore_removed=True)
+    if not found:
+        return []
+    keys = endpoints.live_keys(session, [c.labels[ENDPOINT_LABEL] for c in found])
+    removed = []
+    for container in found:
+        env = dict(v.split("=", 1) for v in container.attrs["Config"].get("Env") or [] if "=" in v)
+        key = keys.get(container.labels[ENDPOINT_LABEL])
+        if key is not None and env.get("VLLM_API_KEY") == key:
+            continue  # its endpoint's current start: its supervisor runs it
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            continue  # its supervisor removed it meanwhile
+        removed.append(container.name)
+    return removed

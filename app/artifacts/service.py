@@ -29,6 +29,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
+from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import ACTIVE as ENDPOINT_ACTIVE
@@ -92,7 +93,7 @@ def _name(run: Run, kind: ArtifactKind, step: int, final: bool) -> str:
 def create(session: Session, owner: User, data: ArtifactCreate) -> Artifact:
     run = session.get(Run, data.run_id)
     if run is None or run.owner_id != owner.id:
-        raise ArtifactError("run_id", f"unknown run {data.run_id!r}")
+        raise ArtifactError("run_id", f"unknown run {echo(data.run_id)}")
     steps = sorted(session.exec(select(RunCheckpoint.step).where(RunCheckpoint.run_id == run.id)).all())
     if not steps:
         raise ArtifactError("checkpoint_step", f"run {run.id} has no checkpoint yet")

@@ -18,8 +18,21 @@ class UserCreate(UserBase):
     password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
 
 
-class UserUpdate(SQLModel):
-    """What an admin changes on a user (PATCH /api/v1/users/{id})."""
+class UserLimits(SQLModel):
+    """A user's own limits, set by an admin; null: the setting's (TUNEDECK_MAX_LIVE_ENDPOINTS,
+    TUNEDECK_MAX_ACTIVE_RUNS)."""
+
+    max_live_endpoints: int | None = Field(
+        default=None, ge=0, le=100_000, description="live endpoints (pending, starting, ready, stopping) at most"
+    )
+    max_active_runs: int | None = Field(
+        default=None, ge=0, le=100_000, description="active runs (validating files, queued, running, paused) at most"
+    )
+
+
+class UserUpdate(UserLimits):
+    """What an admin changes on a user (PATCH /api/v1/users/{id}): only the fields sent (a null limit: back
+    to the setting's default)."""
 
     model_config = {"extra": "forbid"}  # a misspelt field is an error, not a silent no-op
     disabled: bool | None = Field(
@@ -29,7 +42,7 @@ class UserUpdate(SQLModel):
     )
 
 
-class User(UserBase, table=True):
+class User(UserBase, UserLimits, table=True):
     __tablename__ = "users"  # pyright: ignore[reportAssignmentType]
     id: int | None = Field(default=None, primary_key=True)
     username: str = Field(max_length=64, unique=True, index=True)
@@ -40,7 +53,7 @@ class User(UserBase, table=True):
     session_version: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
-class UserPublic(UserBase):
+class UserPublic(UserBase, UserLimits):
     id: int
     created_at: datetime
     disabled: bool

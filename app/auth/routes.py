@@ -43,8 +43,9 @@ def create_user(data: UserCreate, session: SessionDep, _: AdminUser) -> User:
 
 @router.patch("/users/{user_id}", response_model=UserPublic)
 def update_user(user_id: int, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
-    """Disable (`{"disabled": true}`) or enable a user. A disabled user cannot log in, and their API
-    tokens, dashboard sessions and live streams stop at once."""
+    """Disable (`{"disabled": true}`) or enable a user, or set their limits (`max_live_endpoints`,
+    `max_active_runs`; null: the default). A disabled user cannot log in, and their API tokens, dashboard
+    sessions and live streams stop at once."""
     user = errors.found(session.get(User, user_id), "user", user_id)
     try:
         return service.update_user(session, admin, user, data)

@@ -3,6 +3,7 @@
 import math
 import secrets
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, update
@@ -51,19 +52,42 @@ def create_user(session: Session, data: UserCreate) -> User:
 
 
 def update_user(session: Session, admin: User, user: User, data: UserUpdate) -> User:
-    """An admin's change to a user. Disabling ends the user's sessions, tokens and streams at once (its
-    tokens are refused while disabled; they work again if it is enabled again)."""
-    if data.disabled is not None and data.disabled != user.disabled:
-        if data.disabled and user.id == admin.id:
+    """An admin's change to a user: only the fields sent. Disabling ends the user's sessions, tokens and
+    streams at once (its tokens are refused while disabled; they work again if it is enabled again). A
+    limit set to null is the setting's again."""
+    changes = data.model_dump(exclude_unset=True)
+    disable = changes.pop("disabled", None)
+    if disable is not None and disable != user.disabled:
+        if disable and user.id == admin.id:
             raise FieldError("disabled", "you cannot disable your own account", conflict=True)
-        user.disabled = data.disabled
-        if data.disabled:
+        user.disabled = disable
+        if disable:
             user.session_version += 1
             forget_user(user.id)
-        session.add(user)
-        session.commit()
-        session.refresh(user)
+    for field, value in changes.items():  # the limits
+        setattr(user, field, value)
+    session.add(user)
+    session.commit()
+    session.refresh(user)
     return user
+
+
+class LimitReached(Exception):
+    """The user is at one of their limits (answered 429, naming it)."""
+
+
+def check_limit(session: Session, owner_id: int, limit: str, count: Callable[[], int], noun: str) -> None:
+    """Raise LimitReached when the user has reached their ``limit`` (a column of users: their own, else the
+    setting of that name). ``count`` counts what they have (``noun``s) once the user's row is locked until the
+    caller commits, so that two requests of the same user at once are counted one after the other on
+    PostgreSQL (SQLite has no row locks: two requests at the very same moment may both pass)."""
+    own = session.exec(select(getattr(User, limit)).where(col(User.id) == owner_id).with_for_update()).one()
+    allowed = own if own is not None else getattr(get_settings(), limit)
+    have = count()
+    if have >= allowed:
+        raise LimitReached(
+            f"you have {have} {noun}{'' if have == 1 else 's'}; your limit is {allowed} (an admin can raise it)"
+        )
 
 
 # --- logins -------------------------------------------------------------------------------------

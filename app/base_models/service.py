@@ -19,6 +19,7 @@ from app.auth.models import User
 from app.base_models.models import BaseModelPublic, RegisteredModel, RegisteredModelCreate
 from app.base_models.presets import BASE_MODELS, Architecture, BaseModel
 from app.core.config import get_settings
+from app.core.echo import echo
 from app.runs.models import Run
 
 BUILTIN_SOURCE = "data dir: models/{name}"
@@ -39,7 +40,7 @@ def resolve(session: Session, name: str) -> tuple[BaseModel, RegisteredModel | N
     row = session.get(RegisteredModel, name)
     if row is None:
         known = [*BASE_MODELS, *session.exec(select(RegisteredModel.name)).all()]
-        raise BaseModelError("base_model", f"unknown base model {name!r}; one of {', '.join(known)}")
+        raise BaseModelError("base_model", f"unknown base model {echo(name)}; one of {', '.join(known)}")
     return BASE_MODELS[row.preset], row
 
 
@@ -165,10 +166,10 @@ def check_source(source: str, preset: BaseModel) -> None:
 
 def register(session: Session, user: User, data: RegisteredModelCreate) -> BaseModelPublic:
     if data.name in BASE_MODELS or session.get(RegisteredModel, data.name) is not None:
-        raise BaseModelError("name", f"a base model named {data.name!r} exists")
+        raise BaseModelError("name", f"a base model named {echo(data.name)} exists")
     preset = BASE_MODELS.get(data.preset)
     if preset is None:
-        raise BaseModelError("preset", f"unknown preset {data.preset!r}; one of {', '.join(BASE_MODELS)}")
+        raise BaseModelError("preset", f"unknown preset {echo(data.preset)}; one of {', '.join(BASE_MODELS)}")
     source = data.source.rstrip("/") or "/"
     check_source(source, preset)
     row = RegisteredModel(

@@ -14,6 +14,7 @@ from app.benchmarks.models import TERMINAL, Benchmark, BenchmarkCreate, Benchmar
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
+from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.datasets.models import Dataset, DatasetStatus
@@ -43,13 +44,13 @@ def to_public(benchmark: Benchmark) -> BenchmarkPublic:
 def create(session: Session, owner: User, data: BenchmarkCreate) -> Benchmark:
     endpoint = session.get(Endpoint, data.endpoint_id)
     if endpoint is None or endpoint.owner_id != owner.id:
-        raise BenchmarkError("endpoint_id", f"unknown endpoint {data.endpoint_id!r}")
+        raise BenchmarkError("endpoint_id", f"unknown endpoint {echo(data.endpoint_id)}")
     if endpoint.status != EndpointStatus.ready:
         raise BenchmarkError("endpoint_id", f"endpoint {endpoint.id} is {endpoint.status}; benchmark a ready one")
     if data.dataset_id is not None:
         dataset = session.get(Dataset, data.dataset_id)
         if dataset is None or dataset.owner_id != owner.id:
-            raise BenchmarkError("dataset_id", f"unknown dataset {data.dataset_id!r}")
+            raise BenchmarkError("dataset_id", f"unknown dataset {echo(data.dataset_id)}")
         if dataset.status != DatasetStatus.ready or not dataset.valid_rows:
             raise BenchmarkError("dataset_id", f"dataset {dataset.id} is {dataset.status}; its prompts cannot be used")
     levels = len(data.concurrency) + len(data.request_rates)

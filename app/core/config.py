@@ -45,6 +45,18 @@ class Settings(BaseSettings):
         gt=0,
         description="a row waiting this long for a task its queue does not hold has the task sent again",
     )
+    max_live_endpoints: int = Field(
+        default=10,
+        ge=0,
+        description="a user's live endpoints (pending, starting, ready, stopping) at most, unless an admin "
+        "set the user's own limit",
+    )
+    max_active_runs: int = Field(
+        default=20,
+        ge=0,
+        description="a user's active runs (validating files, queued, running, paused) at most, unless an "
+        "admin set the user's own limit",
+    )
     cookie_secure: bool = False
     login_window_seconds: float = Field(
         default=60.0, gt=0, le=86400, description="the window in which failed logins are counted"

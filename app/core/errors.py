@@ -1,9 +1,14 @@
 """The API's error answers, in one shape wherever they come from, and the error services raise."""
 
-from typing import TypeVar
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from fastapi import HTTPException, status
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+
+from app.core.echo import ECHO_CHARS, clip
 
 T = TypeVar("T")
 
@@ -35,7 +40,7 @@ def conflict(message: str) -> HTTPException:
 
 
 def not_found(what: str, key: str | int) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {key} not found")
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {clip(str(key))} not found")
 
 
 def found(row: T | None, what: str, key: str | int) -> T:
@@ -49,3 +54,23 @@ def openai_error(status_code: int, message: str, param: str | None = None) -> JS
     """An error in OpenAI's shape, for the `/v1` APIs (the OpenAI SDK reads `error.message`)."""
     kind = "invalid_request_error" if status_code < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code)
+
+
+LISTED_ERRORS = 20  # a body of a million bad items has a million errors: the first ones, then a count
+
+
+def validation_errors(errors: Sequence[Any]) -> list[dict]:
+    """FastAPI's 422 ``detail`` for these validation errors, with the ``input`` each one quotes cut to a short
+    prefix (a string to its first ECHO_CHARS characters and "…", anything else to its JSON, cut the same
+    when longer), and past the first LISTED_ERRORS errors, only how many more there are."""
+    detail = jsonable_encoder(errors[:LISTED_ERRORS])
+    if len(errors) > LISTED_ERRORS:
+        more = len(errors) - LISTED_ERRORS
+        detail.append({"type": "too_many_errors", "loc": ["body"], "msg": f"and {more} more errors", "input": None})
+    for error in detail:
+        value = error.get("input")
+        if isinstance(value, str):
+            error["input"] = clip(value)
+        elif value is not None and len(text := json.dumps(value)) > ECHO_CHARS:
+            error["input"] = clip(text)
+    return detail

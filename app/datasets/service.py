@@ -14,6 +14,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import Settings, get_settings
 from app.core.db import claim, utcnow
+from app.core.echo import STORED_CHARS, clip, echo
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
 from app.datasets import demo
@@ -47,11 +48,13 @@ def file_path(dataset: Dataset, settings: Settings | None = None) -> Path:
 
 def check_options(file_type: str | None, fmt: str | None, purpose: str | None) -> None:
     if file_type and file_type not in FILE_TYPES:
-        raise InvalidOption("file_type", f"unknown file_type {file_type!r}; expected one of {', '.join(FILE_TYPES)}")
+        raise InvalidOption(
+            "file_type", f"unknown file_type {echo(file_type)}; expected one of {', '.join(FILE_TYPES)}"
+        )
     if fmt and fmt not in FORMATS:
-        raise InvalidOption("format", f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise InvalidOption("format", f"unknown format {echo(fmt)}; expected one of {', '.join(FORMATS)}")
     if purpose is not None and purpose not in PURPOSES:
-        raise InvalidOption("purpose", f"unsupported purpose {purpose!r}; expected one of {', '.join(PURPOSES)}")
+        raise InvalidOption("purpose", f"unsupported purpose {echo(purpose)}; expected one of {', '.join(PURPOSES)}")
 
 
 def create_from_upload(
@@ -235,7 +238,7 @@ def _done(session: Session, dataset: Dataset) -> Dataset:
 
 def _fail(dataset: Dataset, message: str) -> None:
     dataset.status = DatasetStatus.invalid
-    dataset.errors = [{"line": None, "field": None, "message": message}]
+    dataset.errors = [{"line": None, "field": None, "message": clip(message, STORED_CHARS)}]
     dataset.error_count = 1
 
 

@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.core.echo import STORED_CHARS, clip, echo
+
 FILE_TYPES = ("jsonl", "csv", "parquet")
 FORMATS = ("chat", "prompt_completion", "alpaca", "text")
 MAX_LISTED = 100  # errors / duplicates listed in full; beyond that only counted
@@ -184,7 +186,7 @@ def _format_from_keys(keys, filename: str, what: str) -> str:
         return "alpaca"
     if "text" in keys:
         return "text"
-    seen = ", ".join(repr(k) for k in sorted(map(str, keys))) or "none"
+    seen = clip(", ".join(echo(k) for k in sorted(map(str, keys)))) or "none"
     raise DatasetFormatError(
         f"{filename}: cannot tell the dataset format from the {what} ({seen}); expected {_describe_formats()}"
     )
@@ -283,7 +285,7 @@ def _check_chat(obj: dict) -> tuple[int, tuple]:
         if type(role) is not str:
             raise _RecordError(fr, f"wrong type: expected string, got {_tname(role)}")
         if role not in CHAT_ROLES:
-            raise _RecordError(fr, f"invalid role {role!r}: expected one of 'system', 'user', 'assistant'")
+            raise _RecordError(fr, f"invalid role {echo(role)}: expected one of 'system', 'user', 'assistant'")
         if role == _S:
             if prev == _S:
                 raise _RecordError(fr, "only one 'system' turn is allowed")
@@ -310,7 +312,7 @@ def _check_chat(obj: dict) -> tuple[int, tuple]:
         if "weight" in m:
             w = m["weight"]
             if type(w) is not int or w not in (0, 1):
-                raise _RecordError(where + ".weight", f"weight must be 0 or 1, got {w!r}")
+                raise _RecordError(where + ".weight", f"weight must be 0 or 1, got {echo(w)}")
         chars += len(content)
         convo.append((role, content))
         prev = role
@@ -487,11 +489,13 @@ class _Accumulator:
             self.ev_off.append(off)
 
     def file_error(self, line: int, message: str) -> None:
+        message = clip(message, STORED_CHARS)
         self.error_count += 1
         if len(self.errors) < MAX_LISTED:
             self.errors.append({"line": line, "field": None, "message": message})
 
     def add_invalid(self, line: int, field_name: str | None, message: str) -> None:
+        message = clip(message, STORED_CHARS)
         if self.rows < PREVIEW_ROWS:
             self.preview.append({"line": line, "error": f"{field_name}: {message}" if field_name else message})
         self.invalid += 1
@@ -824,7 +828,7 @@ def _scan_csv(path: str, filename: str, acc: _Accumulator, prog: _Progress) -> N
                 "the header is not valid UTF-8 text"
                 if bad_utf8
                 else f"missing required column(s) for format '{acc.fmt}': {', '.join(missing)} "
-                f"(the header has: {', '.join(cols) or 'nothing'})"
+                f"(the header has: {clip(', '.join(cols)) or 'nothing'})"
             )
             acc.file_error(header_line, message)
             return
@@ -1182,7 +1186,7 @@ def _scan_parquet(
         acc.file_error(
             0,
             f"missing required column(s) for format '{acc.fmt}': {', '.join(missing)} "
-            f"(the file has: {', '.join(names) or 'nothing'})",
+            f"(the file has: {clip(', '.join(names)) or 'nothing'})",
         )
         return
     chat = acc.fmt == "chat"
@@ -1267,10 +1271,10 @@ def _resolve_kind(path: str, filename: str, file_type: str | None, fmt: str | No
     Parquet formats are detected by their scanners, from the header."""
     if file_type is not None and file_type not in FILE_TYPES:
         raise DatasetFormatError(
-            f"{filename}: unknown file type {file_type!r}; expected one of {', '.join(FILE_TYPES)}"
+            f"{filename}: unknown file type {echo(file_type)}; expected one of {', '.join(FILE_TYPES)}"
         )
     if fmt is not None and fmt not in FORMATS:
-        raise DatasetFormatError(f"{filename}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise DatasetFormatError(f"{filename}: unknown format {echo(fmt)}; expected one of {', '.join(FORMATS)}")
     if file_type is None:
         with open(path, "rb") as f:
             file_type = detect_file_type(filename, f.read(_HEAD))

@@ -18,13 +18,15 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import insert
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
+from app.auth import service as users
 from app.auth.models import User
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
+from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
 from app.endpoints.models import (
@@ -80,22 +82,33 @@ def get(session: Session, owner: User, endpoint_id: str) -> Endpoint | None:
     return owned(session, Endpoint, owner, endpoint_id)
 
 
-def _runtime(pool: Pool) -> Runtime:
+def runtime_for(pool: Pool) -> Runtime:
+    """What serves the pool's endpoints: the built-in server on cpu, vLLM's container on TPU and GPU."""
     if pool.accelerator == "cpu":
         return Runtime.local
     return Runtime.vllm_tpu if pool.accelerator.startswith("tpu") else Runtime.vllm_gpu
 
 
+def count_live(session: Session, owner_id: int) -> int:
+    """The user's endpoints that are live (what ``max_live_endpoints`` limits)."""
+    where = (col(Endpoint.owner_id) == owner_id, col(Endpoint.status).in_(ACTIVE))
+    return session.exec(select(func.count()).select_from(Endpoint).where(*where)).one()
+
+
+def _check_limit(session: Session, owner_id: int) -> None:
+    users.check_limit(session, owner_id, "max_live_endpoints", lambda: count_live(session, owner_id), "live endpoint")
+
+
 def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     artifact = session.get(Artifact, data.artifact_id)
     if artifact is None or artifact.owner_id != owner.id:
-        raise EndpointError("artifact_id", f"unknown artifact {data.artifact_id!r}")
+        raise EndpointError("artifact_id", f"unknown artifact {echo(data.artifact_id)}")
     if artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {artifact.id} is {artifact.status}; only a built one deploys")
     pool = session.get(Pool, data.pool)
     if pool is None:
-        raise EndpointError("pool", f"unknown pool {data.pool!r}")
-    if artifact.kind != ArtifactKind.merged and _runtime(pool) == Runtime.local:
+        raise EndpointError("pool", f"unknown pool {echo(data.pool)}")
+    if artifact.kind != ArtifactKind.merged and runtime_for(pool) == Runtime.local:
         raise EndpointError(
             "artifact_id",
             f"artifact {artifact.id} is a PEFT adapter: the built-in model server of pool {pool.name!r} serves "
@@ -103,13 +116,14 @@ def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
         )
     queue.check_broker()
     assert owner.id is not None, "the owner is a saved user"
+    _check_limit(session, owner.id)
     endpoint = Endpoint(
         id=new_id("ep"),
         owner_id=owner.id,
         artifact_id=artifact.id,
         model=artifact.name,
         pool=pool.name,
-        runtime=_runtime(pool),
+        runtime=runtime_for(pool),
         settings={"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs},
     )
     session.add(endpoint)
@@ -175,6 +189,7 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     if artifact is None or artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {endpoint.artifact_id} is gone", conflict=True)
     queue.check_broker()
+    _check_limit(session, endpoint.owner_id)
     _set(
         session,
         endpoint,
@@ -192,6 +207,16 @@ def restart(session: Session, endpoint: Endpoint) -> Endpoint:
     )
     queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=endpoint.pool)
     return endpoint
+
+
+def live_keys(session: Session, endpoint_ids: list[str]) -> dict[str, str]:
+    """The key of the current start of each of these endpoints that is live (pending ones have none yet):
+    a model server started with another key, or for an endpoint not listed here, is no one's."""
+    query = select(Endpoint.id, Endpoint.api_key).where(
+        col(Endpoint.id).in_(endpoint_ids), col(Endpoint.status).in_(ACTIVE)
+    )
+    rows = session.exec(query).all()
+    return {id_: key for id_, key in rows if key}
 
 
 def waiting_tasks(session: Session) -> list[queue.Waiting]:

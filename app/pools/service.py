@@ -7,6 +7,7 @@ from sqlmodel import Session, col, select
 
 from app.core.config import get_settings
 from app.core.db import utcnow
+from app.core.echo import echo
 from app.pools.models import ACCELERATORS, Pool, PoolCreate, PoolPublic, PoolUpdate, WorkerHost, WorkerPublic
 
 # The embedded pool (this machine) and the two TPU pools of the published Gemma 4 recipe:
@@ -46,7 +47,7 @@ def seed(session: Session) -> None:
 def _check_accelerator(accelerator: str | None) -> None:
     if accelerator is not None and accelerator not in ACCELERATORS:
         raise PoolError(
-            "accelerator", f"unknown accelerator {accelerator!r}; expected one of {', '.join(ACCELERATORS)}"
+            "accelerator", f"unknown accelerator {echo(accelerator)}; expected one of {', '.join(ACCELERATORS)}"
         )
 
 
@@ -81,7 +82,7 @@ def get_pool(session: Session, name: str) -> PoolPublic | None:
 def create_pool(session: Session, data: PoolCreate) -> Pool:
     _check_accelerator(data.accelerator)
     if session.get(Pool, data.name) is not None:
-        raise PoolError("name", f"a pool named {data.name!r} exists")
+        raise PoolError("name", f"a pool named {echo(data.name)} exists")
     pool = Pool.model_validate(data)
     session.add(pool)
     session.commit()

@@ -8,6 +8,7 @@ from sqlmodel import AutoString, Field, SQLModel
 
 from app.base_models.presets import HF_TARGET_MODULES
 from app.core.db import utcnow
+from app.core.echo import echo
 
 
 class RunStatus(StrEnum):
@@ -68,7 +69,7 @@ class RunConfig(SQLModel):
     def _known_modules(cls, v: list[str]) -> list[str]:
         unknown = [m for m in v if m not in HF_TARGET_MODULES]
         if unknown:
-            raise ValueError(f"unknown {unknown}; choose from {', '.join(HF_TARGET_MODULES)}")
+            raise ValueError(f"unknown {echo(unknown)}; choose from {', '.join(HF_TARGET_MODULES)}")
         return v
 
     @field_validator("grad_accum_steps")

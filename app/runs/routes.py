@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from app.core import errors
 from app.core.db import session_scope
@@ -152,3 +152,14 @@ def pause_run(run_id: str, session: SessionDep, user: CurrentUser) -> RunPublic:
 @router.post("/{run_id}/resume", response_model=RunPublic)
 def resume_run(run_id: str, session: SessionDep, user: CurrentUser) -> RunPublic:
     return _act(service.resume, run_id, session, user)
+
+
+@router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_run(run_id: str, session: SessionDep, user: CurrentUser) -> Response:
+    """Delete a finished run with its events, metrics, checkpoints and logs. 409 while it is active (cancel
+    it first) or while artifacts made from it exist (delete them first: the answer names them)."""
+    try:
+        service.delete(session, get_or_404(session, user, run_id))
+    except service.StateError as exc:
+        raise errors.conflict(str(exc)) from exc
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -3,20 +3,26 @@
     validating_files -> queued -> running -> succeeded | failed | cancelled
                                   running <-> paused (pause keeps the checkpoint; resume re-queues)
 
-Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel`, `pause`, `resume`.
+Workers call `start`, `record_*`, `finish`, `fail`; users call `create`, `cancel`, `pause`, `resume`,
+`delete`.
 """
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
-from sqlalchemy import delete
+import sqlalchemy as sa
 from sqlmodel import Session, col, func, select
 
 from app.artifacts import service as artifacts
+from app.artifacts.models import Artifact
+from app.auth import service as users
 from app.auth.models import User
 from app.base_models import service as base_models
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, utcnow
+from app.core.echo import echo
 from app.core.security import new_id
 from app.datasets import service as datasets
 from app.datasets.models import Dataset, DatasetStatus
@@ -52,6 +58,11 @@ class StateError(Exception):
     pass
 
 
+def run_dir(run_id: str) -> Path:
+    """Where a run's workers write its checkpoints and its attempts' logs (the data dir is shared)."""
+    return get_settings().data_dir / "runs" / run_id
+
+
 def fine_tuned_model_name(run: Run) -> str:
     return f"ft:{run.base_model}:{run.suffix or 'tunedeck'}:{run.id}"
 
@@ -63,7 +74,7 @@ def event(session: Session, run: Run, message: str, level: str = "info") -> None
 def _dataset(session: Session, owner: User, dataset_id: str, field: str) -> Dataset:
     dataset = datasets.get_dataset(session, owner, dataset_id)
     if dataset is None:
-        raise RunInvalid((field,), f"unknown dataset {dataset_id!r}")
+        raise RunInvalid((field,), f"unknown dataset {echo(dataset_id)}")
     if dataset.status == DatasetStatus.invalid:
         raise RunInvalid((field,), f"dataset {dataset_id} is invalid ({dataset.error_count} errors): fix and re-upload")
     return dataset
@@ -83,7 +94,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         raise RunInvalid((exc.field,), str(exc)) from exc
     pool = session.get(Pool, data.pool)
     if pool is None:
-        raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")
+        raise RunInvalid(("pool",), f"unknown pool {echo(data.pool)}")
     used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
     if data.validation_dataset_id:
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
@@ -162,6 +173,9 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     pool, used = check(session, owner, data)
     est = check_fits(session, data, pool)
     queue.check_broker()
+    owner_id = owner.id
+    assert owner_id is not None, "the owner is a saved user"
+    users.check_limit(session, owner_id, "max_active_runs", lambda: count_active(session, owner_id), "active run")
     fsdp, tp = resolve_mesh(data.config, pool)
     config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
@@ -224,6 +238,12 @@ def on_dataset_validated(session: Session, dataset: Dataset) -> None:
             run.status = RunStatus.queued
             session.add(run)
             _enqueue(session, run)
+
+
+def count_active(session: Session, owner_id: int) -> int:
+    """The user's runs that are not over (what ``max_active_runs`` limits)."""
+    where = (col(Run.owner_id) == owner_id, col(Run.status).not_in(TERMINAL))
+    return session.exec(select(func.count()).select_from(Run).where(*where)).one()
 
 
 def list_runs(session: Session, owner: User, *, limit: int = 100, offset: int = 0, status: RunStatus | None = None):
@@ -305,6 +325,25 @@ def resume(session: Session, run: Run) -> Run:
     _enqueue(session, run)
     session.refresh(run)
     return run
+
+
+def delete(session: Session, run: Run) -> None:
+    """Delete a finished run: its events, metrics and checkpoints, then its files (checkpoints and logs).
+    An active run must be cancelled first, and the artifacts made from it deleted first (an endpoint
+    serves an artifact, and an adapter is served on the run's base)."""
+    if run.status not in TERMINAL:
+        cancelling = run.stop_requested == "cancel"
+        then = "it is being cancelled: delete it once it has stopped" if cancelling else "cancel it first"
+        raise StateError(f"run {run.id} is {run.status}: {then}")
+    query = select(Artifact.id).where(col(Artifact.run_id) == run.id).order_by(col(Artifact.created_at))
+    made = session.exec(query).all()
+    if made:
+        raise StateError(f"run {run.id} has artifacts {', '.join(made)}: delete them first")
+    for table in (RunEvent, RunMetric, RunCheckpoint):
+        session.execute(sa.delete(table).where(col(table.run_id) == run.id))
+    session.delete(run)
+    session.commit()
+    shutil.rmtree(run_dir(run.id), ignore_errors=True)
 
 
 # --- worker side --------------------------------------------------------------------------------
@@ -416,7 +455,7 @@ def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | 
 
 def rewind(session: Session, run: Run, step: int) -> None:
     """A new attempt resumes after `step`: forget what a lost attempt reported beyond it."""
-    session.execute(delete(RunMetric).where(col(RunMetric.run_id) == run.id, col(RunMetric.step) > step))
+    session.execute(sa.delete(RunMetric).where(col(RunMetric.run_id) == run.id, col(RunMetric.step) > step))
     run.step = step
     session.add(run)
     event(session, run, f"resumed from step {step}")

@@ -254,6 +254,7 @@
     $("cancel-run").hidden = !R.ACTIVE.includes(s);
     $("pause-run").hidden = s !== "running";
     $("resume-run").hidden = s !== "paused";
+    $("delete-run").hidden = !R.isTerminal(s);
     $("cancel-run").disabled = pending === "cancel";
     $("pause-run").disabled = pending !== null;
     $("cancel-run").textContent = pending === "cancel" ? "Cancelling…" : "Cancel";
@@ -278,7 +279,22 @@
     renderActions();
   }
 
+  async function deleteRun(button) {
+    if (!window.confirm("Delete this run? Its checkpoints, logs, metrics and events are removed for good.")) return;
+    $("action-error").hidden = true;
+    button.disabled = true;
+    try {
+      await api(base, { method: "DELETE" });
+      window.location.assign("/runs");
+    } catch (err) {
+      $("action-error").textContent = "Could not delete the run: " + err.message;
+      $("action-error").hidden = false;
+      button.disabled = false;
+    }
+  }
+
   $("cancel-run").addEventListener("click", (e) => act("cancel", e.currentTarget));
+  $("delete-run").addEventListener("click", (e) => deleteRun(e.currentTarget));
   $("pause-run").addEventListener("click", (e) => act("pause", e.currentTarget));
   $("resume-run").addEventListener("click", (e) => act("resume", e.currentTarget));
 

@@ -50,6 +50,14 @@ def test_adapter_export_of_an_earlier_checkpoint_and_bad_requests(server, api, t
     again = api.post("/api/v1/artifacts", json={"run_id": run["id"], "kind": "adapter", "checkpoint_step": 3})
     assert again.status_code == 409 and art["id"] in again.text
 
+    # The run cannot be deleted while artifacts made from it exist: the answer names them all.
+    made = [a["id"] for a in api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]]
+    assert art["id"] in made and len(made) >= 2
+    r = api.delete(f"/api/v1/runs/{run['id']}")
+    assert r.status_code == 409 and all(a in r.json()["detail"] for a in made), r.text
+    assert "delete them first" in r.json()["detail"]
+    assert api.get(f"/api/v1/runs/{run['id']}/checkpoints").json()["count"] == 2  # nothing was deleted
+
     for body, field in (
         ({"run_id": "run-nope"}, "run_id"),
         ({"run_id": run["id"], "checkpoint_step": 4}, "checkpoint_step"),

@@ -316,3 +316,37 @@ def test_a_database_restart_leaves_a_ready_endpoint_serving(server, api, artifac
     assert proc.is_running() and model_server(after).pid == proc.pid
     assert api.post(f"/api/v1/endpoints/{endpoint['id']}/stop").json()["status"] == "stopping"
     wait_endpoint(server, api, endpoint["id"], ("stopped",), timeout=60)
+
+
+def test_live_endpoints_are_limited(server, api, artifact):
+    """An admin's limit on a user's live endpoints: the deploy (or restart) past it is refused with 429
+    naming the limit, and nothing is started; a stopped endpoint frees its place."""
+    me = api.get("/api/v1/users/me").json()["id"]
+    live = [e for e in api.get("/api/v1/endpoints").json()["data"] if e["status"] not in ("stopped", "failed")]
+    limit, before = len(live) + 1, api.get("/api/v1/endpoints").json()["count"]
+    assert api.patch(f"/api/v1/users/{me}", json={"max_live_endpoints": limit}).status_code == 200
+    # On the tpu-v6e-8 pool, which no worker serves here: they stay pending, live.
+    body = {"artifact_id": artifact["id"], "pool": "tpu-v6e-8"}
+    made: list[str] = []
+    try:
+        for _ in range(limit + 1):
+            r = api.post("/api/v1/endpoints", json=body)
+            if r.status_code != 201:
+                break
+            made.append(r.json()["id"])
+        assert r.status_code == 429, r.text
+        said = f"you have {limit} live endpoint{'s' if limit > 1 else ''}; your limit is {limit}"
+        assert r.json()["detail"].startswith(said), r.text
+        assert made and api.get("/api/v1/endpoints").json()["count"] == before + len(made)  # none for the refused
+        assert api.post(f"/api/v1/endpoints/{made[0]}/stop").json()["status"] == "stopped"  # a place is free
+        r = api.post("/api/v1/endpoints", json=body)
+        assert r.status_code == 201, r.text
+        made.append(r.json()["id"])
+        r = api.post(f"/api/v1/endpoints/{made[0]}/restart")
+        assert r.status_code == 429 and r.json()["detail"].startswith(said), r.text
+        assert api.get(f"/api/v1/endpoints/{made[0]}").json()["status"] == "stopped"
+    finally:
+        api.patch(f"/api/v1/users/{me}", json={"max_live_endpoints": None})
+        for endpoint_id in made:
+            api.post(f"/api/v1/endpoints/{endpoint_id}/stop")
+            assert api.delete(f"/api/v1/endpoints/{endpoint_id}").status_code == 204

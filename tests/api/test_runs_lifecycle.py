@@ -4,6 +4,7 @@ import os
 import signal
 import time
 
+import openai
 import psutil
 import pytest
 from openai import OpenAI
@@ -111,6 +112,19 @@ def test_openai_fine_tuning_jobs(server, api):
     assert any(m.startswith("paused at step") for m in events) and any(
         m.startswith("resumed from step") for m in events
     )
+
+    # Deleted, now that it is over: its checkpoints and logs on disk, its rows; and its dataset is free.
+    files = server.data_dir / "runs" / job.id
+    assert list((files / "checkpoints").iterdir()) and list(files.glob("attempt-*.log"))
+    assert api.delete(f"/api/v1/datasets/{dataset}").status_code == 409  # used by the run
+    assert api.delete(f"/api/v1/runs/{job.id}").status_code == 204
+    assert api.get(f"/api/v1/runs/{job.id}").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.retrieve(job.id)
+    assert not files.exists()
+    for table in ("run_events", "run_metrics", "run_checkpoints"):
+        assert server.sql(f"SELECT count(*) FROM {table} WHERE run_id = :id", id=job.id) == [(0,)], table
+    assert api.delete(f"/api/v1/datasets/{dataset}").status_code == 204
 
 
 @pytest.fixture

@@ -132,3 +132,92 @@ def test_a_forced_run_that_will_not_fit_is_queued_with_a_warning(server, api, re
     )
     for run_id in (run["id"], job.id):
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+
+
+def test_an_active_run_is_deleted_only_once_cancelled(server, api, ready_dataset):
+    # On the TPU pool, which no test worker serves: it stays queued.
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "pool": "tpu-v5p-8"})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    r = api.delete(f"/api/v1/runs/{run_id}")
+    assert r.status_code == 409 and r.json()["detail"] == f"run {run_id} is queued: cancel it first", r.text
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "queued"
+    _, _, token = make_user(server)
+    assert server.client(token).delete(f"/api/v1/runs/{run_id}").status_code == 404  # not theirs
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    assert api.delete(f"/api/v1/runs/{run_id}").status_code == 204
+    assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
+    assert api.get(f"/api/v1/runs/{run_id}/events").status_code == 404
+    assert api.delete(f"/api/v1/runs/{run_id}").status_code == 404
+
+
+def test_a_users_active_runs_are_limited_on_both_api_trees(server, api):
+    """An admin sets a user's limit on active runs; the run past it is refused with 429 naming the limit,
+    whichever API it comes through, and nothing is queued; a run that ends frees its place."""
+    _, _, token = make_user(server)
+    user = server.client(token)
+    me = user.get("/api/v1/users/me").json()
+    assert me["max_active_runs"] is None  # the setting's default
+    assert user.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": 5}).status_code == 403  # admins only
+    r = api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": -1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_active_runs"]
+    r = api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": 2})
+    assert r.status_code == 200 and r.json()["max_active_runs"] == 2 and r.json()["max_live_endpoints"] is None
+    dataset = wait_dataset(server, user, upload(user, "mine.jsonl", CHAT).json()["id"])["id"]
+
+    # On the TPU pool, which no test worker serves: they stay queued, active.
+    body = {"dataset_id": dataset, "pool": "tpu-v5p-8"}
+    first, second = (user.post("/api/v1/runs", json=body) for _ in range(2))
+    assert first.status_code == second.status_code == 201, (first.text, second.text)
+    limit = "you have 2 active runs; your limit is 2"
+    r = user.post("/api/v1/runs", json=body)
+    assert r.status_code == 429 and r.json()["detail"].startswith(limit), r.text
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.fine_tuning.jobs.create(
+            model="tiny-gemma4", training_file=dataset, extra_body={"tunedeck": {"pool": "tpu-v5p-8"}}
+        )
+    assert refused.value.body["message"].startswith(limit), refused.value.body
+    assert user.get("/api/v1/runs").json()["count"] == 2
+
+    assert user.post(f"/api/v1/runs/{first.json()['id']}/cancel").status_code == 200  # one place free
+    third = user.post("/api/v1/runs", json=body)
+    assert third.status_code == 201, third.text
+    assert user.post("/api/v1/runs", json=body).status_code == 429
+    assert api.patch(f"/api/v1/users/{me['id']}", json={"max_active_runs": None}).json()["max_active_runs"] is None
+    fourth = user.post("/api/v1/runs", json=body)  # the default (20) again
+    assert fourth.status_code == 201, fourth.text
+    for run in (second, third, fourth):
+        assert user.post(f"/api/v1/runs/{run.json()['id']}/cancel").status_code == 200
+
+
+def test_errors_quote_a_huge_value_by_a_short_prefix(server, api, ready_dataset):
+    """A bad field value is quoted in the answer by its first 200 characters, whichever check refused it
+    (the schema's or the service's), on both API trees; a body of many bad items lists the first errors."""
+    before = api.get("/api/v1/runs").json()["count"]
+    huge = "p" * 500_000
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "pool": huge})
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    assert r.json()["detail"][0] == {
+        "loc": ["body", "pool"],
+        "msg": f"unknown pool '{'p' * 200}'…",
+        "type": "value_error",
+    }
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "suffix": huge})
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "suffix"] and error["input"] == "p" * 200 + "…", error
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [[huge]] * 2}})
+    assert r.status_code == 422 and len(r.content) < 2000, r.content[:2000]
+    assert r.json()["detail"][0]["input"].startswith('["ppp') and r.json()["detail"][0]["input"].endswith("…")
+    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [1] * 100_000}})
+    assert r.status_code == 422 and len(r.content) < 10_000, len(r.content)
+    detail = r.json()["detail"]
+    assert len(detail) == 21 and detail[0]["loc"] == ["body", "config", "target_modules", 0], detail[0]
+    assert detail[-1]["msg"] == "and 99980 more errors", detail[-1]
+    job = {"model": "tiny-gemma4", "training_file": huge, "tunedeck": {"pool": "tpu-v5p-8"}}
+    r = api.post("/v1/fine_tuning/jobs", json=job)
+    assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
+    assert r.json()["error"]["message"].endswith(f"unknown dataset '{'p' * 200}'…"), r.json()
+    assert api.get(f"/api/v1/runs/{huge[:50_000]}").json()["detail"] == f"run {'p' * 200}… not found"
+    assert api.get("/api/v1/runs").json()["count"] == before

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -148,6 +149,8 @@ class DockerStandIn:
         self.bodies: dict[str, dict] = {}
         self.images: set[str] = set()
         self.containers: dict[str, dict] = {}
+        self.created = 0
+        self.listing_refused = False  # while set, listing containers fails as an engine that is down would
         self.app = FastAPI()
         self.app.add_api_route("/{path:path}", self.handle, methods=["GET", "POST", "DELETE"])
 
@@ -156,8 +159,10 @@ class DockerStandIn:
 
     async def handle(self, path: str, request: Request) -> Response:
         path = "/" + path.removeprefix(f"v{API}/")
-        self.calls.append((request.method, path))
         q = request.query_params
+        filters = json.loads(q.get("filters") or "{}")
+        # A listing is recorded with what it filters by: the supervisor's by name, the worker's by label.
+        self.calls.append((request.method, path + "".join(f"?{k}" for k in sorted(filters))))
         if path == "/version":
             return JSONResponse({"ApiVersion": API, "MinAPIVersion": "1.24", "Version": "27.3.1"})
         if path.startswith("/images/") and path.endswith("/json"):
@@ -171,9 +176,21 @@ class DockerStandIn:
             lines = [{"status": f"Pulling from {q['fromImage']}", "id": q["tag"]}, {"status": f"Downloaded {image}"}]
             return StreamingResponse((json.dumps(x) + "\r\n" for x in lines), media_type="application/json")
         if path == "/containers/json":
-            return JSONResponse([])
+            if self.listing_refused:
+                return JSONResponse({"message": "the engine is unavailable"}, 500)
+            listed = [
+                {"Id": c["Id"], "Names": [c["Name"]], "Labels": c["Config"]["Labels"], "State": c["State"]["Status"]}
+                for c in self.containers.values()
+                if (q.get("all") or c["State"]["Running"])
+                and all(n in c["Name"] for n in filters.get("name", []))
+                and all(label in c["Config"]["Labels"] for label in filters.get("label", []))
+            ]
+            return JSONResponse(listed)
         if path == "/containers/create":
-            cid = f"{len(self.containers) + 1:064x}"
+            if any(c["Name"] == "/" + q["name"] for c in self.containers.values()):
+                return JSONResponse({"message": f'Conflict. The container name "/{q["name"]}" is already in use'}, 409)
+            self.created += 1
+            cid = f"{self.created:064x}"
             body = await request.json()
             self.bodies[cid] = body
             self.containers[cid] = {
@@ -208,7 +225,7 @@ class DockerStandIn:
         return JSONResponse({"message": f"not in the stand-in: {request.method} {path}"}, 501)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def docker_engine():
     engine = DockerStandIn()
     port = free_port()
@@ -224,7 +241,7 @@ def docker_engine():
     thread.join(timeout=10)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tpu_worker(server, api, docker_engine):
     """A worker of the tpu-v6e-8 pool on this machine, its Docker Engine the stand-in."""
     env = {**server.env, "TUNEDECK_DOCKER_HOST": docker_engine.url}
@@ -300,12 +317,13 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
     endpoint = wait_endpoint(server, api, ep, ("stopped", "failed"), timeout=60)
     assert endpoint["status"] == "stopped", endpoint["error"]
     cid = container["Id"]
-    made = [(m, p) for m, p in docker_engine.calls if p != "/version" and not p.endswith(f"{cid}/json")]
+    relevant = [(m, p) for m, p in docker_engine.calls if p not in ("/version", "/containers/json?label")]
+    made = [(m, p) for m, p in relevant if not p.endswith(f"{cid}/json")]  # the worker's look for orphans aside
     assert made[:4] == [
         ("GET", "/images/vllm/vllm-tpu:latest/json"),
         ("POST", "/images/create"),
         ("GET", "/images/vllm/vllm-tpu:latest/json"),
-        ("GET", "/containers/json"),
+        ("GET", "/containers/json?name"),  # a dead supervisor's container of the endpoint, to remove first
     ]
     assert made[4:6] == [("POST", "/containers/create"), ("POST", f"/containers/{cid}/start")]
     assert made[-2:] == [("POST", f"/containers/{cid}/stop"), ("DELETE", f"/containers/{cid}")]
@@ -332,3 +350,59 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
         lambda: again["Id"] not in docker_engine.containers, timeout=10, what="the dead container's removal"
     )
     assert "Ran out of memory in hbm" in api.get(f"/api/v1/endpoints/{ep}/logs").text
+
+
+def _supervisor(server, endpoint_id: str) -> psutil.Process:
+    ((pid,),) = server.sql("SELECT pid FROM endpoints WHERE id = :id", id=endpoint_id)
+    proc = psutil.Process(pid)
+    assert proc.cmdline()[-3:-1] == ["worker.endpoints", endpoint_id], proc.cmdline()
+    return proc
+
+
+def _lose_supervisor(server, api, endpoint_id: str) -> dict:
+    """Kill the endpoint's supervisor (the OOM killer, kill -9) and make it silent for longer than the
+    stale bound, as the pool's workers see it once that time has passed: its endpoint fails."""
+    _supervisor(server, endpoint_id).kill()
+    server.sql("UPDATE endpoints SET heartbeat_at = '2000-01-01 00:00:00' WHERE id = :id", id=endpoint_id)
+    failed = wait_endpoint(server, api, endpoint_id, ("failed",), timeout=30)
+    assert failed["error"].startswith("no heartbeat from tpu-v6e-8@"), failed["error"]
+    return failed
+
+
+def _key(docker_engine, container: dict) -> str:
+    env = docker_engine.bodies[container["Id"]]["Env"]
+    return next(v.removeprefix("VLLM_API_KEY=") for v in env if v.startswith("VLLM_API_KEY="))
+
+
+def test_a_dead_supervisors_container_is_removed(server, api, artifact, docker_engine, tpu_worker):
+    """A supervisor that dies leaves its vLLM container running (Docker kills nothing with it), holding the
+    host's chips. Its worker removes the container once the endpoint is no longer live: failed, deleted,
+    or started again (with a new key)."""
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "pool": "tpu-v6e-8"})
+    assert r.status_code == 201, r.text
+    ep = r.json()["id"]
+
+    def compiling():
+        return api.get(f"/api/v1/endpoints/{ep}").json()["phase"] == "compiling"
+
+    server.wait_for(compiling, timeout=60, what="the compiling phase")
+    first = docker_engine.container(f"tunedeck-{ep}")
+    _lose_supervisor(server, api, ep)
+    server.wait_for(lambda: first["Id"] not in docker_engine.containers, timeout=10, what="the orphan's removal")
+
+    # Started again: a new container with a new key; then lost too, while the engine is unreachable.
+    assert api.post(f"/api/v1/endpoints/{ep}/restart").status_code == 200
+    server.wait_for(compiling, timeout=60, what="the compiling phase after the restart")
+    second = docker_engine.container(f"tunedeck-{ep}")
+    assert second["Id"] != first["Id"] and _key(docker_engine, second) != _key(docker_engine, first)
+    docker_engine.listing_refused = True
+    try:
+        _lose_supervisor(server, api, ep)
+        time.sleep(1.5)  # a beat or two, which cannot list the engine's containers
+        assert second["Id"] in docker_engine.containers and second["State"]["Running"]
+        # Deleted: the container goes as soon as the engine answers again.
+        assert api.delete(f"/api/v1/endpoints/{ep}").status_code == 204
+    finally:
+        docker_engine.listing_refused = False
+    server.wait_for(lambda: second["Id"] not in docker_engine.containers, timeout=10, what="the orphan's removal")
+    assert [c["Name"] for c in docker_engine.containers.values()] == []

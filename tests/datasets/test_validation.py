@@ -985,3 +985,29 @@ def test_iter_conversations_streams_and_stops_early(tmp_path):
     bad.write_text("foo,bar\n1,2\n", encoding="utf-8")
     with pytest.raises(DatasetFormatError, match="cannot tell the dataset format"):  # raised in the reader thread
         list(iter_conversations(bad, "bad.csv", file_type="csv", fmt=None))
+
+
+# ---------------------------------------------------------------------------------------------
+# errors quote what the file holds by a short prefix: they are kept with the dataset and shown
+
+
+def test_errors_quote_a_huge_value_by_a_short_prefix(tmp_path):
+    huge = "r" * 200_000
+    records = [
+        {"messages": [{"role": huge, "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        {"messages": [{"role": "user", "content": "hi", "weight": [huge]}, {"role": "assistant", "content": "x"}]},
+    ]
+    report = validate_file(write_jsonl(tmp_path / "d.jsonl", records * 3), "d.jsonl")
+    assert report.error_count == len(report.errors) == 6
+    role, weight = report.errors[:2]
+    assert role["field"] == "messages[0].role"
+    assert role["message"] == f"invalid role '{'r' * 200}'…: expected one of 'system', 'user', 'assistant'"
+    assert weight["field"] == "messages[0].weight" and weight["message"].startswith("weight must be 0 or 1, got [")
+    assert len(orjson.dumps(report.errors)) < 6 * 400, "the errors kept are a few hundred bytes each"
+    assert all(len(p.get("error", "")) < 400 for p in report.preview)
+
+    header = tmp_path / "d.csv"  # a header of unknown columns, one of them huge
+    header.write_text(f"question,{huge}\nhi,there\n")
+    with pytest.raises(DatasetFormatError) as exc:
+        validate_file(str(header), "d.csv")
+    assert len(str(exc.value)) < 600 and f"'{'r' * 100}" in str(exc.value), str(exc.value)[:600]

@@ -284,6 +284,24 @@ def test_bad_config_errors_shown_inline(page: Page, server, demo_dataset):
     assert client.get("/api/v1/runs").json()["count"] == before, "a bad config was launched"
 
 
+def test_a_run_is_cancelled_then_deleted_from_its_page(page: Page, server, demo_dataset):
+    client = server.client()
+    # On the TPU pool, which no test worker serves: it waits there, queued.
+    r = client.post("/api/v1/runs", json={"dataset_id": demo_dataset["id"], "pool": "tpu-v5p-8"})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"/runs/{run_id}")
+    expect(page.locator("#run-status")).to_have_text("queued")
+    expect(page.locator("#delete-run")).to_be_hidden()  # an active run is cancelled first
+    page.locator("#cancel-run").click()
+    expect(page.locator("#run-status")).to_have_text("cancelled")
+    page.locator("#delete-run").click()
+    page.wait_for_url(f"{server.base_url}/runs")
+    expect(page.locator(f'#runs-body tr[data-id="{run_id}"]')).to_have_count(0)
+    assert client.get(f"/api/v1/runs/{run_id}").status_code == 404
+
+
 def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, tiny_run):
     client = server.client()
     run, run_id = tiny_run, tiny_run["id"]
@@ -326,6 +344,15 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
         ("adapter", 20, "succeeded"),
         ("merged", 60, "succeeded"),
     ]
+
+    # The run's Delete button says what is in the way: its artifacts, named.
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"/runs/{run_id}")
+    page.locator("#delete-run").click()
+    expect(page.locator("#action-error")).to_contain_text("delete them first")
+    for a in listed:
+        expect(page.locator("#action-error")).to_contain_text(a["id"])
+    assert client.get(f"/api/v1/runs/{run_id}").status_code == 200
 
 
 def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page: Page, server, tiny_run):
