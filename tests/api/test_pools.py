@@ -32,3 +32,11 @@ def test_bad_pool_names_the_field(api):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
     names = {p["name"] for p in api.get("/api/v1/pools").json()["data"]}
     assert not {"x", "y", "Bad Name"} & names
+
+
+def test_a_price_that_is_not_a_finite_number_is_refused(api):
+    for price in ("Infinity", "NaN", 1e12):
+        body = {"name": "odd-price", "accelerator": "cpu", "chips": 1, "price_per_chip_hour": price}
+        r = api.post("/api/v1/pools", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "price_per_chip_hour"], r.text
+    assert api.get("/api/v1/pools/odd-price").status_code == 404

@@ -132,3 +132,53 @@ def test_a_forced_run_that_will_not_fit_is_queued_with_a_warning(server, api, re
     )
     for run_id in (run["id"], job.id):
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+
+
+def _post_raw(client, path: str, body: str):
+    """A JSON body as written (JSON's NaN and Infinity tokens, numbers beyond 64 bits)."""
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+# On the TPU pool, which no test worker serves: a run the old code let through is queued, never trained.
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ('{"lora_alpha": Infinity}', "lora_alpha"),
+        ('{"lora_alpha": NaN}', "lora_alpha"),
+        ('{"lora_alpha": "Infinity"}', "lora_alpha"),  # a string pydantic would read as a float
+        ('{"seed": 18446744073709551616}', "seed"),
+        ('{"warmup_steps": 10000000000000}', "warmup_steps"),
+    ],
+)
+def test_odd_numbers_name_the_field_and_create_nothing(api, ready_dataset, config, field):
+    before = api.get("/api/v1/runs").json()["count"]
+    body = f'{{"dataset_id": "{ready_dataset}", "pool": "tpu-v5p-8", "config": {config}}}'
+    r = _post_raw(api, "/api/v1/runs", body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "config", field], r.json()
+    runs = api.get("/api/v1/runs")
+    assert runs.status_code == 200 and runs.json()["count"] == before
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        (
+            '"method": {"type": "supervised", "supervised": {"hyperparameters": [1]}}',
+            "method.supervised.hyperparameters",
+        ),
+        ('"hyperparameters": {"learning_rate_multiplier": Infinity}', "hyperparameters.learning_rate_multiplier"),
+        ('"hyperparameters": {"n_epochs": 1000000000000}', "hyperparameters.n_epochs"),
+        ('"seed": 18446744073709551616', "seed"),
+        ('"tunedeck": {"pool": "tpu-v5p-8", "config": {"lora_alpha": Infinity}}', "tunedeck.config.lora_alpha"),
+    ],
+)
+def test_openai_odd_json_names_the_param_and_creates_nothing(api, ready_dataset, extra, param):
+    before = len(api.get("/v1/fine_tuning/jobs", params={"limit": 1000}).json()["data"])
+    pool = "" if '"tunedeck"' in extra else '"tunedeck": {"pool": "tpu-v5p-8"}, '
+    body = f'{{"model": "tiny-gemma4", "training_file": "{ready_dataset}", {pool}{extra}}}'
+    r = _post_raw(api, "/v1/fine_tuning/jobs", body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith(f"{param}:"), r.json()
+    jobs = api.get("/v1/fine_tuning/jobs", params={"limit": 1000})
+    assert jobs.status_code == 200 and len(jobs.json()["data"]) == before

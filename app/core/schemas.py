@@ -1,0 +1,17 @@
+"""What every request schema shares: finite numbers only, and bounds that fit the database.
+
+Every schema a route reads a body into derives from `Schema` (tests/test_schemas.py checks it), so a
+number is finite however it is written: JSON's `NaN` and `Infinity` tokens, and the strings "inf" or
+"nan" that pydantic would otherwise read as floats, are a 422 naming the field.
+"""
+
+from pydantic import ConfigDict
+from sqlmodel import SQLModel
+
+INT32_MAX = 2**31 - 1  # PostgreSQL's INTEGER: ids, steps, counts
+ID_LENGTH = 32  # the id columns (``new_id``: a prefix and 20 hex digits)
+NAME_LENGTH = 64  # pool and base-model names
+
+
+class Schema(SQLModel):
+    model_config = ConfigDict(allow_inf_nan=False)
