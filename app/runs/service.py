@@ -56,6 +56,20 @@ def fine_tuned_model_name(run: Run) -> str:
     return f"ft:{run.base_model}:{run.suffix or 'tunedeck'}:{run.id}"
 
 
+def _check_model_id(data: RunCreate) -> None:
+    """The model id the run gets when it succeeds must fit its column: a long base-model name leaves
+    less room for the suffix. Raises RunInvalid('suffix')."""
+    name = fine_tuned_model_name(Run(id=new_id("run"), base_model=data.base_model, suffix=data.suffix))
+    limit = Run.__table__.c.fine_tuned_model.type.length
+    if len(name) > limit:
+        room = limit - (len(name) - len(data.suffix or ""))
+        raise RunInvalid(
+            ("suffix",),
+            f"the model id ft:{data.base_model}:SUFFIX:RUN_ID would be {len(name)} characters, over {limit}: "
+            f"with this base model the suffix can have at most {room}",
+        )
+
+
 def event(session: Session, run: Run, message: str, level: str = "info") -> None:
     session.add(RunEvent(run_id=run.id, message=message, level=level))
 
@@ -81,6 +95,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         base, _ = base_models.resolve(session, data.base_model)
     except base_models.BaseModelError as exc:
         raise RunInvalid((exc.field,), str(exc)) from exc
+    _check_model_id(data)
     pool = session.get(Pool, data.pool)
     if pool is None:
         raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")

@@ -182,3 +182,29 @@ def test_openai_odd_json_names_the_param_and_creates_nothing(api, ready_dataset,
     assert r.json()["error"]["message"].startswith(f"{param}:"), r.json()
     jobs = api.get("/v1/fine_tuning/jobs", params={"limit": 1000})
     assert jobs.status_code == 200 and len(jobs.json()["data"]) == before
+
+
+def test_a_model_id_longer_than_its_column_is_refused(server, api, ready_dataset, tmp_path):
+    """A run's model id (ft:BASE:SUFFIX:ID) is stored when it succeeds: a long base-model name with a
+    long suffix must be refused when the run is made, not fail the run's ending on PostgreSQL."""
+    from worker.training.tiny import create_tiny_gemma4
+
+    name = "a-base-model-whose-name-takes-all-of-the-sixty-four-characters-x"
+    source = create_tiny_gemma4(tmp_path / "tiny")
+    r = api.post("/api/v1/base-models", json={"name": name, "preset": "tiny-gemma4", "source": str(source)})
+    assert r.status_code == 201, r.text
+    before = api.get("/api/v1/runs").json()["count"]
+    body = {"base_model": name, "dataset_id": ready_dataset, "pool": "tpu-v5p-8", "suffix": "s" * 64}
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "suffix"] and "128" in detail["msg"], detail
+    job = {"model": name, "training_file": ready_dataset, "suffix": "s" * 64, "tunedeck": {"pool": "tpu-v5p-8"}}
+    r = api.post("/v1/fine_tuning/jobs", json=job)
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("suffix:"), r.text
+    runs = api.get("/api/v1/runs")
+    assert runs.status_code == 200 and runs.json()["count"] == before
+    # The longest suffix that fits is taken.
+    run = api.post("/api/v1/runs", json={**body, "suffix": "s" * (128 - len(f"ft:{name}::run-") - 20)})
+    assert run.status_code == 201, run.text
+    assert api.post(f"/api/v1/runs/{run.json()['id']}/cancel").status_code == 200
