@@ -45,7 +45,12 @@ def file_path(dataset: Dataset, settings: Settings | None = None) -> Path:
     return (settings or get_settings()).storage_dir / dataset.storage_key
 
 
-def check_options(file_type: str | None, fmt: str | None, purpose: str | None) -> None:
+def check_options(file_type: str | None, fmt: str | None, purpose: str | None, filename: str = "") -> None:
+    limit = Dataset.__table__.c.filename.type.length
+    if len(filename) > limit:
+        raise InvalidOption("file", f"the file name has {len(filename)} characters; at most {limit}")
+    if "\x00" in filename:
+        raise InvalidOption("file", "the file name must not contain a NUL character")
     if file_type and file_type not in FILE_TYPES:
         raise InvalidOption("file_type", f"unknown file_type {file_type!r}; expected one of {', '.join(FILE_TYPES)}")
     if fmt and fmt not in FORMATS:
@@ -64,7 +69,7 @@ def create_from_upload(
     purpose: str = "fine-tune",
 ) -> Dataset:
     """Move a fully received upload into storage, record it, and queue its validation."""
-    check_options(file_type, fmt, purpose)
+    check_options(file_type, fmt, purpose, upload.filename)
     assert owner.id is not None, "the owner is a saved user"
     queue.check_broker()
     settings = get_settings()
