@@ -18,6 +18,7 @@ from app.auth.models import (
 from app.core import errors
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import RowId
 
 router = APIRouter(route_class=Route, prefix="/api/v1", tags=["auth"])
 
@@ -67,5 +68,5 @@ def create_token(data: ApiTokenCreate, session: SessionDep, user: CurrentUser) -
 
 
 @router.delete("/tokens/{token_id}", response_model=ApiTokenPublic)
-def revoke_token(token_id: int, session: SessionDep, user: CurrentUser):
+def revoke_token(token_id: RowId, session: SessionDep, user: CurrentUser):
     return errors.found(service.revoke_token(session, user, token_id), "token", token_id)

@@ -2,9 +2,13 @@
 
 Every schema a route reads a body into derives from `Schema` (tests/test_schemas.py checks it), so a
 number is finite however it is written: JSON's `NaN` and `Infinity` tokens, and the strings "inf" or
-"nan" that pydantic would otherwise read as floats, are a 422 naming the field.
+"nan" that pydantic would otherwise read as floats, are a 422 naming the field. NUL characters, which
+PostgreSQL cannot store or compare, are refused for every route in `core/routing.py`.
 """
 
+from typing import Annotated
+
+from fastapi import Path, Query
 from pydantic import ConfigDict
 from sqlmodel import SQLModel
 
@@ -15,3 +19,7 @@ NAME_LENGTH = 64  # pool and base-model names
 
 class Schema(SQLModel):
     model_config = ConfigDict(allow_inf_nan=False)
+
+
+Offset = Annotated[int, Query(ge=0, le=INT32_MAX)]
+RowId = Annotated[int, Path(ge=1, le=INT32_MAX)]  # an integer primary key in a URL

@@ -1,5 +1,6 @@
 from datetime import datetime
 
+from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
@@ -21,10 +22,19 @@ class PoolCreate(PoolBase):
 
 
 class PoolUpdate(Schema):
+    """The fields to change; one left out keeps its value (each must have one: null is refused)."""
+
     accelerator: str | None = Field(default=None, max_length=32)
     chips: int | None = Field(default=None, ge=1, le=4096)
     price_per_chip_hour: float | None = Field(default=None, ge=0, le=MAX_PRICE)
     description: str | None = Field(default=None, max_length=500)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value):
+        if value is None:
+            raise ValueError("must have a value: leave the field out to keep it")
+        return value
 
 
 class Pool(PoolBase, table=True):

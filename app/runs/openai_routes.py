@@ -175,7 +175,7 @@ def list_events(
     session: SessionDep,
     user: CurrentUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
-    after: int | None = None,
+    after: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
 ) -> dict:
     rows = service.events(session, _get(session, user, job_id), limit=limit + 1, after=after)
     data = [

@@ -100,7 +100,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
     if pool is None:
         raise RunInvalid(("pool",), f"unknown pool {data.pool!r}")
     used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
-    if data.validation_dataset_id:
+    if data.validation_dataset_id is not None:
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
     if any(d.format not in (None, "text") for d in used):  # chat records are rendered by the model's template
         try:

@@ -50,6 +50,16 @@ def test_bad_config_names_the_field_and_queues_nothing(api, ready_dataset, body,
     assert api.get("/api/v1/runs").json()["count"] == before
 
 
+@pytest.mark.parametrize("field", ["dataset_id", "validation_dataset_id"])
+def test_an_empty_dataset_id_is_unknown(api, ready_dataset, field):
+    before = api.get("/api/v1/runs").json()["count"]
+    body = {"dataset_id": ready_dataset, "pool": "tpu-v5p-8", field: ""}
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], r.text
+    assert "unknown dataset ''" in r.json()["detail"][0]["msg"]
+    assert api.get("/api/v1/runs").json()["count"] == before
+
+
 def test_invalid_dataset_is_refused(api, invalid_dataset):
     r = api.post("/api/v1/runs", json={"dataset_id": invalid_dataset})
     assert r.status_code == 422
