@@ -38,15 +38,21 @@ def _closing_sessions(endpoint):
 
 
 def nul_at(value: Any, loc: tuple = ()) -> tuple | None:
-    """Where the first string (or object key) holding a NUL character is in a JSON value; None if nowhere."""
-    if isinstance(value, str):
-        return loc if NUL in value else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        if isinstance(key, str) and NUL in key:
-            return (*loc, key)
-        if (found := nul_at(item, (*loc, key))) is not None:
-            return found
+    """Where a string (or object key) holding a NUL character is in a JSON value; None if nowhere.
+    Walked without recursion: JSON can nest deeper than Python's stack."""
+    stack = [(loc, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if NUL in item:
+                return where
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if NUL in key:
+                    return (*where, key)
+                stack.append(((*where, key), child))
+        elif isinstance(item, list):
+            stack.extend(((*where, i), child) for i, child in enumerate(item))
     return None
 
 
@@ -62,8 +68,8 @@ async def _request_nul(request: Request, body: str | None) -> tuple | None:
     if body == "json":
         try:
             parsed = await request.json()  # kept by the request: FastAPI's own parse reuses it
-        except ValueError:
-            return None  # not JSON: FastAPI answers it
+        except (ValueError, RecursionError):
+            return None  # not JSON (or nested deeper than the parser goes): FastAPI answers it
         return nul_at(parsed, ("body",))
     return None
 

@@ -147,3 +147,13 @@ def test_text_with_a_nul_character_is_a_422_naming_it(fuzz_user, method, path, k
     else:
         assert r.json()["detail"][0]["loc"] == loc, r.json()
     assert client.get("/api/v1/tokens").json()["count"] == tokens
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_a_400(fuzz_user):
+    """The NUL check parses JSON bodies before FastAPI does: the parser's RecursionError must still end
+    in FastAPI's answer (400), not a server error."""
+    r = fuzz_user["client"].post(
+        "/api/v1/tokens", content="[" * 100_000 + "]" * 100_000, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    assert fuzz_user["client"].get("/api/v1/users/me").status_code == 200
