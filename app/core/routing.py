@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlmodel import Session
 
-NUL = "\x00"
+from app.core.schemas import NUL
 
 
 def _closing_sessions(endpoint):

@@ -15,6 +15,7 @@ from sqlmodel import SQLModel
 INT32_MAX = 2**31 - 1  # PostgreSQL's INTEGER: ids, steps, counts
 ID_LENGTH = 32  # the id columns (``new_id``: a prefix and 20 hex digits)
 NAME_LENGTH = 64  # pool and base-model names
+NUL = "\x00"  # PostgreSQL can neither store nor compare text holding it
 
 
 class Schema(SQLModel):

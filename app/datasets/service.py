@@ -14,6 +14,7 @@ from app.auth.models import User
 from app.core import queue
 from app.core.config import Settings, get_settings
 from app.core.db import claim, utcnow
+from app.core.schemas import NUL
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
 from app.datasets import demo
@@ -49,7 +50,7 @@ def check_options(file_type: str | None, fmt: str | None, purpose: str | None, f
     limit = Dataset.__table__.c.filename.type.length
     if len(filename) > limit:
         raise InvalidOption("file", f"the file name has {len(filename)} characters; at most {limit}")
-    if "\x00" in filename:
+    if NUL in filename:
         raise InvalidOption("file", "the file name must not contain a NUL character")
     if file_type and file_type not in FILE_TYPES:
         raise InvalidOption("file_type", f"unknown file_type {file_type!r}; expected one of {', '.join(FILE_TYPES)}")

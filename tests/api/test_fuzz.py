@@ -157,3 +157,10 @@ def test_json_nested_deeper_than_the_parser_goes_is_a_400(fuzz_user):
     )
     assert r.status_code == 400, r.text
     assert fuzz_user["client"].get("/api/v1/users/me").status_code == 200
+
+
+def test_a_model_id_with_a_nul_character_is_refused_by_the_gateway(fuzz_user):
+    """The gateway reads `model` itself (its body is relayed as it is): PostgreSQL could not look it up."""
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = fuzz_user["client"].post(path, json={"model": "ft:x\x00", "messages": [], "prompt": "hi"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("model:"), r.text
