@@ -9,7 +9,6 @@ PostgreSQL cannot store or compare, are refused for every route in `core/routing
 from typing import Annotated
 
 from fastapi import Path, Query
-from pydantic import ConfigDict
 from sqlmodel import SQLModel
 
 INT32_MAX = 2**31 - 1  # PostgreSQL's INTEGER: ids, steps, counts
@@ -19,7 +18,7 @@ NUL = "\x00"  # PostgreSQL can neither store nor compare text holding it
 
 
 class Schema(SQLModel):
-    model_config = ConfigDict(allow_inf_nan=False)
+    model_config = {"allow_inf_nan": False}
 
 
 Offset = Annotated[int, Query(ge=0, le=INT32_MAX)]

@@ -18,7 +18,7 @@ from app.core.schemas import NUL
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
 from app.datasets import demo
-from app.datasets.models import Dataset, DatasetStatus
+from app.datasets.models import FILENAME_LENGTH, Dataset, DatasetStatus
 from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
 
 PURPOSES = ("fine-tune",)
@@ -47,9 +47,8 @@ def file_path(dataset: Dataset, settings: Settings | None = None) -> Path:
 
 
 def check_options(file_type: str | None, fmt: str | None, purpose: str | None, filename: str = "") -> None:
-    limit = Dataset.__table__.c.filename.type.length
-    if len(filename) > limit:
-        raise InvalidOption("file", f"the file name has {len(filename)} characters; at most {limit}")
+    if len(filename) > FILENAME_LENGTH:
+        raise InvalidOption("file", f"the file name has {len(filename)} characters; at most {FILENAME_LENGTH}")
     if NUL in filename:
         raise InvalidOption("file", "the file name must not contain a NUL character")
     if file_type and file_type not in FILE_TYPES:

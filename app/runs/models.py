@@ -25,6 +25,7 @@ class RunStatus(StrEnum):
 
 TERMINAL = {RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled}
 MAX_STEPS = 10_000_000
+MODEL_ID_LENGTH = 128  # runs.fine_tuned_model: ft:BASE:SUFFIX:RUN_ID
 
 
 class RunConfig(Schema):
@@ -124,7 +125,7 @@ class Run(SQLModel, table=True):
     worker: str | None = Field(default=None, max_length=255)
     heartbeat_at: datetime | None = None
     stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause | handback")
-    fine_tuned_model: str | None = Field(default=None, max_length=128)
+    fine_tuned_model: str | None = Field(default=None, max_length=MODEL_ID_LENGTH)
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -23,6 +23,7 @@ from app.datasets.models import Dataset, DatasetStatus
 from app.pools.models import Pool
 from app.runs.estimate import Estimate, estimate
 from app.runs.models import (
+    MODEL_ID_LENGTH,
     TERMINAL,
     Run,
     RunCheckpoint,
@@ -52,15 +53,19 @@ class StateError(Exception):
     pass
 
 
+def model_id(base_model: str, suffix: str | None, run_id: str) -> str:
+    """The model id of a run's result (OpenAI's fine_tuned_model)."""
+    return f"ft:{base_model}:{suffix or 'tunedeck'}:{run_id}"
+
+
 def fine_tuned_model_name(run: Run) -> str:
-    return f"ft:{run.base_model}:{run.suffix or 'tunedeck'}:{run.id}"
+    return model_id(run.base_model, run.suffix, run.id)
 
 
 def _check_model_id(data: RunCreate) -> None:
     """The model id the run gets when it succeeds must fit its column: a long base-model name leaves
     less room for the suffix. Raises RunInvalid('suffix')."""
-    name = fine_tuned_model_name(Run(id=new_id("run"), base_model=data.base_model, suffix=data.suffix))
-    limit = Run.__table__.c.fine_tuned_model.type.length
+    name, limit = model_id(data.base_model, data.suffix, new_id("run")), MODEL_ID_LENGTH
     if len(name) > limit:
         room = limit - (len(name) - len(data.suffix or ""))
         raise RunInvalid(
