@@ -19,7 +19,7 @@ class UserCreate(UserBase):
     password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
 
 
-class UserUpdate(SQLModel):
+class UserUpdate(Schema):
     """What an admin changes on a user (PATCH /api/v1/users/{id})."""
 
     model_config = {"extra": "forbid"}  # a misspelt field is an error, not a silent no-op

@@ -182,7 +182,9 @@ def users_page(request: Request, session: SessionDep, user: WebUser):
 
 
 @router.post("/settings/users/{user_id}", dependencies=[CsrfChecked])
-def update_user(request: Request, user_id: int, session: SessionDep, user: WebUser, disabled: Annotated[bool, Form()]):
+def update_user(
+    request: Request, user_id: RowId, session: SessionDep, user: WebUser, disabled: Annotated[bool, Form()]
+):
     if not user.is_admin:
         return _users_page(request, session, user)
     target = session.get(User, user_id)

@@ -43,7 +43,7 @@ def create_user(data: UserCreate, session: SessionDep, _: AdminUser) -> User:
 
 
 @router.patch("/users/{user_id}", response_model=UserPublic)
-def update_user(user_id: int, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
+def update_user(user_id: RowId, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
     """Disable (`{"disabled": true}`) or enable a user. A disabled user cannot log in, and their API
     tokens, dashboard sessions and live streams stop at once."""
     user = errors.found(session.get(User, user_id), "user", user_id)

@@ -19,9 +19,9 @@ answer is a 5xx. Its settings are in fuzz.toml. What it cannot exercise, and why
 - The gateway (/v1/chat/completions, /v1/completions) relays a body it does not parse beyond `model`
   (no endpoint is deployed here: it answers 404 or 400).
 - Shared state (the other modules' tests run on the same server): admin-only operations run as the
-  admin, but what they change or delete is the fuzzer's own (its pool; a base model that does not
-  exist), and the pools and base models they create are deleted after; tokens are revoked with
-  another user's token, so the fuzz user's stays valid.
+  admin, but what they change or delete is the fuzzer's own (its pool, a user of its own that it may
+  disable, a base model that does not exist), and the pools and base models they create are deleted
+  after; tokens are revoked with another user's token, so the fuzz user's stays valid.
 
 To explore further than CI does, run it with TUNEDECK_FUZZ_EXAMPLES=100 and another TUNEDECK_FUZZ_SEED.
 """
@@ -64,6 +64,7 @@ def test_no_input_makes_a_server_error(server, api, fuzz_user, tmp_path):
         "FUZZ_TOKEN": fuzz_user["token"],
         "FUZZ_OTHER_TOKEN": make_user(server)[2],
         "FUZZ_NO_DATA_TOKEN": make_user(server)[2],
+        "FUZZ_VICTIM_ID": str(server.client(make_user(server)[2]).get("/api/v1/users/me").json()["id"]),
         "FUZZ_ADMIN_TOKEN": server.admin_token,
         "FUZZ_DATASET": fuzz_user["dataset"],
         "FUZZ_RUN": fuzz_user["run"],
@@ -117,6 +118,8 @@ def test_integers_in_urls_beyond_the_database_integers_are_a_422(api, fuzz_user)
     assert r.status_code == 422 and r.json()["error"]["param"] == "after", r.text
     r = client.delete(f"/api/v1/tokens/{2**64}")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "token_id"], r.text
+    r = api.patch(f"/api/v1/users/{2**64}", json={"disabled": True})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "user_id"], r.text
     assert client.get("/api/v1/users/me").status_code == 200
 
 
