@@ -68,8 +68,8 @@ async def _request_nul(request: Request, body: str | None) -> tuple | None:
     if body == "json":
         try:
             parsed = await request.json()  # kept by the request: FastAPI's own parse reuses it
-        except (ValueError, RecursionError):
-            return None  # not JSON (or nested deeper than the parser goes): FastAPI answers it
+        except Exception:  # noqa: BLE001 - not JSON, nested deeper than the parser goes, or cut off: FastAPI answers it
+            return None
         return nul_at(parsed, ("body",))
     return None
 
