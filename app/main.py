@@ -1,6 +1,7 @@
 """The web application: dashboard pages, the native API, the OpenAI-compatible API, metrics."""
 
 import gc
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -42,6 +43,28 @@ from app.runs import routes as run_routes
 from app.web import pages as web_pages
 
 ROOT = Path(__file__).resolve().parents[1]
+# The modules whose `router` the app includes: the native API, the OpenAI-compatible API, the pages.
+ROUTERS = (
+    auth_routes,
+    dataset_routes,
+    dataset_openai_routes,
+    pool_routes,
+    base_model_routes,
+    run_routes,
+    run_openai_routes,
+    artifact_routes,
+    endpoint_routes,
+    benchmark_routes,
+    endpoint_gateway,
+    auth_pages,
+    dataset_pages,
+    pool_pages,
+    run_pages,
+    artifact_pages,
+    endpoint_pages,
+    benchmark_pages,
+    web_pages,
+)
 
 
 def create_app() -> FastAPI:
@@ -79,27 +102,7 @@ def create_app() -> FastAPI:
     app.add_middleware(SecurityHeaders)  # outermost: on every response, the others' refusals included
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
 
-    for module in (
-        auth_routes,
-        dataset_routes,
-        dataset_openai_routes,
-        pool_routes,
-        base_model_routes,
-        run_routes,
-        run_openai_routes,
-        artifact_routes,
-        endpoint_routes,
-        benchmark_routes,
-        endpoint_gateway,
-        auth_pages,
-        dataset_pages,
-        pool_pages,
-        run_pages,
-        artifact_pages,
-        endpoint_pages,
-        benchmark_pages,
-        web_pages,
-    ):
+    for module in ROUTERS:
         app.include_router(module.router)
 
     add_docs(app)
@@ -148,9 +151,21 @@ def create_app() -> FastAPI:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"][1:])
             return openai_error(422, f"{param}: {first['msg']}", param)
-        return JSONResponse({"detail": validation_errors(exc.errors())}, 422)
+        # FastAPI's answer, quotes cut short, and a refused NaN or Infinity echoed as JSON can spell it
+        return JSONResponse({"detail": _spelled(validation_errors(exc.errors()))}, 422)
 
     return app
+
+
+def _spelled(value):
+    """``value`` with its non-finite floats written the way JSON spells them ("Infinity", "NaN")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _spelled(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_spelled(v) for v in value]
+    return value
 
 
 def _wants_html(request: Request) -> bool:

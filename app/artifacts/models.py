@@ -6,6 +6,7 @@ from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import ID_LENGTH, INT32_MAX, Schema
 
 
 class ArtifactKind(StrEnum):
@@ -48,10 +49,12 @@ class Artifact(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-class ArtifactCreate(SQLModel):
-    run_id: str
+class ArtifactCreate(Schema):
+    run_id: str = Field(max_length=ID_LENGTH)
     kind: ArtifactKind = ArtifactKind.merged
-    checkpoint_step: int | None = Field(default=None, ge=1, description="default: the run's latest checkpoint")
+    checkpoint_step: int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="default: the run's latest checkpoint"
+    )
 
 
 class ArtifactFile(SQLModel):

@@ -12,6 +12,7 @@ from app.artifacts.models import Artifact, ArtifactCreate, ArtifactPublic, Artif
 from app.core import errors
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import Offset
 from app.core.sse import watch_body
 
 CHUNK = 1 << 20
@@ -43,7 +44,7 @@ def list_artifacts(
     user: CurrentUser,
     run_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     watch_: Annotated[bool, Query(alias="watch")] = False,
 ):
     """The user's artifacts, newest first; `?run_id=` filters; `?watch=true` streams the list (SSE)."""

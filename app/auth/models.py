@@ -4,12 +4,13 @@ from sqlalchemy import false
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import Schema
 
 MIN_PASSWORD, MAX_PASSWORD = 8, 256
 MAX_TOKEN_DAYS = 365
 
 
-class UserBase(SQLModel):
+class UserBase(Schema):
     username: str = Field(min_length=1, max_length=64, schema_extra={"pattern": r"^[A-Za-z0-9_.@-]+$"})
     is_admin: bool = False
 
@@ -30,7 +31,7 @@ class UserLimits(SQLModel):
     )
 
 
-class UserUpdate(UserLimits):
+class UserUpdate(UserLimits, Schema):
     """What an admin changes on a user (PATCH /api/v1/users/{id}): only the fields sent (a null limit: back
     to the setting's default)."""
 
@@ -70,7 +71,7 @@ class LoginFailure(SQLModel, table=True):
     at: datetime = Field(default_factory=utcnow, index=True)
 
 
-class ApiTokenCreate(SQLModel):
+class ApiTokenCreate(Schema):
     name: str = Field(min_length=1, max_length=100)
     expires_in_days: int | None = Field(
         default=None,

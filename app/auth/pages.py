@@ -12,6 +12,7 @@ from app.core.db import utcnow
 from app.core.deps import CsrfChecked, SessionDep, WebUser, log_in
 from app.core.errors import FieldError
 from app.core.routing import Route
+from app.core.schemas import RowId
 from app.core.templating import render
 
 router = APIRouter(route_class=Route, include_in_schema=False)
@@ -160,7 +161,7 @@ def create_token(
 
 
 @router.post("/settings/tokens/{token_id}/revoke", dependencies=[CsrfChecked])
-def revoke_token(token_id: int, session: SessionDep, user: WebUser):
+def revoke_token(token_id: RowId, session: SessionDep, user: WebUser):
     service.revoke_token(session, user, token_id)
     return RedirectResponse("/settings/tokens", status_code=303)
 
@@ -181,7 +182,9 @@ def users_page(request: Request, session: SessionDep, user: WebUser):
 
 
 @router.post("/settings/users/{user_id}", dependencies=[CsrfChecked])
-def update_user(request: Request, user_id: int, session: SessionDep, user: WebUser, disabled: Annotated[bool, Form()]):
+def update_user(
+    request: Request, user_id: RowId, session: SessionDep, user: WebUser, disabled: Annotated[bool, Form()]
+):
     if not user.is_admin:
         return _users_page(request, session, user)
     target = session.get(User, user_id)

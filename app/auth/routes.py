@@ -18,6 +18,7 @@ from app.auth.models import (
 from app.core import errors
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import RowId
 
 router = APIRouter(route_class=Route, prefix="/api/v1", tags=["auth"])
 
@@ -42,7 +43,7 @@ def create_user(data: UserCreate, session: SessionDep, _: AdminUser) -> User:
 
 
 @router.patch("/users/{user_id}", response_model=UserPublic)
-def update_user(user_id: int, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
+def update_user(user_id: RowId, data: UserUpdate, session: SessionDep, admin: AdminUser) -> User:
     """Disable (`{"disabled": true}`) or enable a user, or set their limits (`max_live_endpoints`,
     `max_active_runs`; null: the default). A disabled user cannot log in, and their API tokens, dashboard
     sessions and live streams stop at once."""
@@ -68,5 +69,5 @@ def create_token(data: ApiTokenCreate, session: SessionDep, user: CurrentUser) -
 
 
 @router.delete("/tokens/{token_id}", response_model=ApiTokenPublic)
-def revoke_token(token_id: int, session: SessionDep, user: CurrentUser):
+def revoke_token(token_id: RowId, session: SessionDep, user: CurrentUser):
     return errors.found(service.revoke_token(session, user, token_id), "token", token_id)

@@ -3,6 +3,7 @@ from datetime import datetime
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import NAME_LENGTH, Schema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
@@ -21,9 +22,9 @@ class RegisteredModel(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class RegisteredModelCreate(SQLModel):
-    name: str = Field(schema_extra={"pattern": NAME_PATTERN})
-    preset: str
+class RegisteredModelCreate(Schema):
+    name: str = Field(max_length=NAME_LENGTH, schema_extra={"pattern": NAME_PATTERN})
+    preset: str = Field(max_length=NAME_LENGTH)
     source: str = Field(min_length=1, max_length=1024, description="an absolute directory or a URL like gs://b/p")
     description: str = Field(default="", max_length=500)
 

@@ -10,6 +10,7 @@ from sqlalchemy import JSON, Column, Index
 from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import ID_LENGTH, INT32_MAX, Schema
 
 MAX_LEVELS = 12
 
@@ -25,7 +26,7 @@ class BenchmarkStatus(StrEnum):
 TERMINAL = {BenchmarkStatus.succeeded, BenchmarkStatus.failed, BenchmarkStatus.cancelled}
 
 
-class BenchmarkConfig(SQLModel):
+class BenchmarkConfig(Schema):
     """What load to send. ``concurrency`` mode keeps that many requests in flight (a sweep: one level
     per value); ``rate`` mode sends requests at Poisson arrivals of that many per second (one level per
     rate), at most ``max_concurrency`` at a time when set."""
@@ -39,8 +40,10 @@ class BenchmarkConfig(SQLModel):
     num_prompts: int = Field(default=32, ge=1, le=10_000, description="requests per level")
     input_len: int = Field(default=128, ge=1, le=131_072, description="tokens per random prompt")
     output_len: int = Field(default=64, ge=1, le=32_768, description="tokens per reply (end-of-sequence ignored)")
-    dataset_id: str | None = Field(default=None, description="prompts from this dataset's conversations, not random")
-    seed: int = 0
+    dataset_id: str | None = Field(
+        default=None, max_length=ID_LENGTH, description="prompts from this dataset's conversations, not random"
+    )
+    seed: int = Field(default=0, ge=0, le=INT32_MAX)
 
     @field_validator("concurrency")
     @classmethod
@@ -67,7 +70,7 @@ class BenchmarkConfig(SQLModel):
 
 
 class BenchmarkCreate(BenchmarkConfig):
-    endpoint_id: str
+    endpoint_id: str = Field(max_length=ID_LENGTH)
 
 
 class Benchmark(SQLModel, table=True):

@@ -9,6 +9,7 @@ from app.benchmarks.models import Benchmark, BenchmarkCreate, BenchmarkPublic, B
 from app.core import errors
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import Offset
 from app.core.sse import watch_body
 
 router = APIRouter(route_class=Route, prefix="/api/v1/benchmarks", tags=["benchmarks"])
@@ -34,7 +35,7 @@ def list_benchmarks(
     user: CurrentUser,
     endpoint_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> BenchmarksPublic:
     """The user's benchmarks, newest first (`?endpoint_id=` filters), results included: comparable
     across endpoints and pools."""

@@ -7,6 +7,8 @@ from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
 
+FILENAME_LENGTH = 255
+
 
 class DatasetStatus(StrEnum):
     validating = "validating"
@@ -15,7 +17,7 @@ class DatasetStatus(StrEnum):
 
 
 class DatasetBase(SQLModel):
-    filename: str = Field(max_length=255)
+    filename: str = Field(max_length=FILENAME_LENGTH)
     purpose: str = Field(default="fine-tune", max_length=32)
     file_type: str | None = Field(default=None, max_length=16)
     format: str | None = Field(default=None, max_length=32)

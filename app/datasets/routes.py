@@ -11,6 +11,7 @@ from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import Offset
 from app.core.sse import watch_body
 from app.core.uploads import receive_multipart
 from app.datasets import service
@@ -84,7 +85,7 @@ def list_datasets(
     session: SessionDep,
     user: CurrentUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     status_: Annotated[DatasetStatus | None, Query(alias="status")] = None,
     watch_: Annotated[bool, Query(alias="watch")] = False,
 ):

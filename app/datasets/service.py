@@ -15,10 +15,11 @@ from app.core import queue
 from app.core.config import Settings, get_settings
 from app.core.db import claim, utcnow
 from app.core.echo import STORED_CHARS, clip, echo
+from app.core.schemas import NUL
 from app.core.security import new_id
 from app.core.uploads import ReceivedFile
 from app.datasets import demo
-from app.datasets.models import Dataset, DatasetStatus
+from app.datasets.models import FILENAME_LENGTH, Dataset, DatasetStatus
 from app.datasets.validation import FILE_TYPES, FORMATS, DatasetFormatError, validate_file
 
 PURPOSES = ("fine-tune",)
@@ -46,7 +47,11 @@ def file_path(dataset: Dataset, settings: Settings | None = None) -> Path:
     return (settings or get_settings()).storage_dir / dataset.storage_key
 
 
-def check_options(file_type: str | None, fmt: str | None, purpose: str | None) -> None:
+def check_options(file_type: str | None, fmt: str | None, purpose: str | None, filename: str = "") -> None:
+    if len(filename) > FILENAME_LENGTH:
+        raise InvalidOption("file", f"the file name has {len(filename)} characters; at most {FILENAME_LENGTH}")
+    if NUL in filename:
+        raise InvalidOption("file", "the file name must not contain a NUL character")
     if file_type and file_type not in FILE_TYPES:
         raise InvalidOption(
             "file_type", f"unknown file_type {echo(file_type)}; expected one of {', '.join(FILE_TYPES)}"
@@ -67,7 +72,7 @@ def create_from_upload(
     purpose: str = "fine-tune",
 ) -> Dataset:
     """Move a fully received upload into storage, record it, and queue its validation."""
-    check_options(file_type, fmt, purpose)
+    check_options(file_type, fmt, purpose, upload.filename)
     assert owner.id is not None, "the owner is a saved user"
     queue.check_broker()
     settings = get_settings()

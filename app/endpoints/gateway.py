@@ -36,6 +36,7 @@ from app.core.db import session_scope, utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.errors import openai_error
 from app.core.routing import Route
+from app.core.schemas import NUL
 from app.core.security import bearer_secret
 from app.endpoints import service
 from app.endpoints.models import Endpoint
@@ -114,6 +115,8 @@ async def relay(path: str, body: bytes, user: User, receive: Receive, send: Send
         return await _refuse(400, "the request body must be a JSON object", receive, send)
     if not isinstance(model, str) or not model:
         return await _refuse(400, "model: a model id is required", receive, send)
+    if NUL in model:  # PostgreSQL could not look it up
+        return await _refuse(400, "model: must not contain a NUL character (\\u0000)", receive, send)
     endpoint = await _serving(user, model)
     for attempt in (1, 2):
         if endpoint is None:

@@ -6,6 +6,7 @@ from sqlalchemy import JSON, Column, Index, Text
 from sqlmodel import AutoString, Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import ID_LENGTH, NAME_LENGTH, Schema
 
 
 class EndpointStatus(StrEnum):
@@ -93,9 +94,9 @@ class EndpointSamplePublic(SQLModel):
     kv_cache_usage: float | None
 
 
-class EndpointCreate(SQLModel):
-    artifact_id: str
-    pool: str = "cpu"
+class EndpointCreate(Schema):
+    artifact_id: str = Field(max_length=ID_LENGTH)
+    pool: str = Field(default="cpu", max_length=NAME_LENGTH)
     max_model_len: int = Field(default=1024, ge=16, le=1_048_576)
     max_num_seqs: int = Field(default=16, ge=1, le=1024)
 

@@ -10,6 +10,7 @@ from app.core import errors
 from app.core.db import utcnow
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import Offset
 from app.core.sse import watch_body
 from app.endpoints import service
 from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointSamplePublic, EndpointsPublic
@@ -41,7 +42,7 @@ def list_endpoints(
     user: CurrentUser,
     artifact_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     watch_: Annotated[bool, Query(alias="watch")] = False,
 ):
     """The user's endpoints, newest first; `?artifact_id=` filters; `?watch=true` streams the list (SSE)."""

@@ -1,28 +1,40 @@
 from datetime import datetime
 
+from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
+from app.core.schemas import NAME_LENGTH, Schema
 
+MAX_PRICE = 100_000.0  # USD per chip-hour, far above any real price
 ACCELERATORS = ("cpu", "tpu-v5p-8", "tpu-v6e-8", "tpu-v5e-8", "gpu-h100x1", "gpu-h100x2", "gpu-h100x8", "gpu-h200x1")
 
 
-class PoolBase(SQLModel):
+class PoolBase(Schema):
     accelerator: str = Field(max_length=32, description=f"one of {', '.join(ACCELERATORS)}")
     chips: int = Field(ge=1, le=4096)
-    price_per_chip_hour: float = Field(ge=0, description="USD per chip-hour")
+    price_per_chip_hour: float = Field(ge=0, le=MAX_PRICE, description="USD per chip-hour")
     description: str = Field(default="", max_length=500)
 
 
 class PoolCreate(PoolBase):
-    name: str = Field(min_length=1, max_length=64, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"})
+    name: str = Field(min_length=1, max_length=NAME_LENGTH, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"})
 
 
-class PoolUpdate(SQLModel):
+class PoolUpdate(Schema):
+    """The fields to change; one left out keeps its value (each must have one: null is refused)."""
+
     accelerator: str | None = Field(default=None, max_length=32)
     chips: int | None = Field(default=None, ge=1, le=4096)
-    price_per_chip_hour: float | None = Field(default=None, ge=0)
+    price_per_chip_hour: float | None = Field(default=None, ge=0, le=MAX_PRICE)
     description: str | None = Field(default=None, max_length=500)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value):
+        if value is None:
+            raise ValueError("must have a value: leave the field out to keep it")
+        return value
 
 
 class Pool(PoolBase, table=True):

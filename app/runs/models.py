@@ -9,6 +9,7 @@ from sqlmodel import AutoString, Field, SQLModel
 from app.base_models.presets import HF_TARGET_MODULES
 from app.core.db import utcnow
 from app.core.echo import echo
+from app.core.schemas import ID_LENGTH, INT32_MAX, NAME_LENGTH, Schema
 
 
 class RunStatus(StrEnum):
@@ -24,21 +25,25 @@ class RunStatus(StrEnum):
 
 
 TERMINAL = {RunStatus.succeeded, RunStatus.failed, RunStatus.cancelled}
+MAX_STEPS = 10_000_000
+MODEL_ID_LENGTH = 128  # runs.fine_tuned_model: ft:BASE:SUFFIX:RUN_ID
 
 
-class RunConfig(SQLModel):
+class RunConfig(Schema):
     """Hyperparameters of a LoRA run. Declared and validated here once; the worker trusts them."""
 
     lora_rank: int = Field(default=16, ge=1, le=1024)
-    lora_alpha: float = Field(default=32.0, gt=0)
+    lora_alpha: float = Field(default=32.0, gt=0, le=65536)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(HF_TARGET_MODULES), min_length=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(HF_TARGET_MODULES), min_length=1, max_length=len(HF_TARGET_MODULES)
+    )
     quantization: Literal["nf4", "int8"] | None = Field(default=None, description="QLoRA: quantize the base")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     epochs: int | None = Field(default=None, ge=1, le=1000)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
     batch_size: int = Field(default=8, ge=1, le=65536, description="global batch size")
     grad_accum_steps: int = Field(default=1, ge=1, le=1024)
     max_seq_len: int = Field(default=256, ge=1, le=1_048_576)
@@ -47,13 +52,13 @@ class RunConfig(SQLModel):
     enable_thinking: bool = Field(
         default=False, description="render the data with the chat template's thinking switch on (Gemma 4: <|think|>)"
     )
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=INT32_MAX)
     validation_fraction: float = Field(default=0.1, ge=0, lt=1)
-    eval_every_steps: int = Field(default=20, ge=1)
-    checkpoint_every_steps: int = Field(default=20, ge=1)
+    eval_every_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
+    checkpoint_every_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
     checkpoints_kept: int = Field(default=3, ge=1, le=100)
-    mesh_fsdp: int | None = Field(default=None, ge=1, description="default: the pool's chips / tp")
-    mesh_tp: int | None = Field(default=None, ge=1, description="default: 1")
+    mesh_fsdp: int | None = Field(default=None, ge=1, le=4096, description="default: the pool's chips / tp")
+    mesh_tp: int | None = Field(default=None, ge=1, le=4096, description="default: 1")
     remat: Literal["none", "block", "decoder"] = "none"
     dtype: Literal["float32", "bfloat16"] = "float32"
     loss_chunk_tokens: int | None = Field(
@@ -87,11 +92,11 @@ class RunConfig(SQLModel):
         return self
 
 
-class RunCreate(SQLModel):
-    base_model: str = Field(default="tiny-gemma4")
-    dataset_id: str
-    validation_dataset_id: str | None = None
-    pool: str = "cpu"
+class RunCreate(Schema):
+    base_model: str = Field(default="tiny-gemma4", max_length=NAME_LENGTH)
+    dataset_id: str = Field(max_length=ID_LENGTH)
+    validation_dataset_id: str | None = Field(default=None, max_length=ID_LENGTH)
+    pool: str = Field(default="cpu", max_length=NAME_LENGTH)
     suffix: str | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
     force: bool = Field(default=False, description="launch even if the estimate says it will not fit in memory")
@@ -121,7 +126,7 @@ class Run(SQLModel, table=True):
     worker: str | None = Field(default=None, max_length=255)
     heartbeat_at: datetime | None = None
     stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause | handback")
-    fine_tuned_model: str | None = Field(default=None, max_length=128)
+    fine_tuned_model: str | None = Field(default=None, max_length=MODEL_ID_LENGTH)
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None

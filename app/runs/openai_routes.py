@@ -7,10 +7,11 @@ Tunedeck's own settings ride under one extra key, `tunedeck`: {"pool": ..., "con
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import ID_LENGTH, INT32_MAX, NAME_LENGTH, Schema
 from app.runs import service
 from app.runs.models import Run, RunConfig, RunCreate, RunStatus
 
@@ -19,44 +20,62 @@ router = APIRouter(route_class=Route, prefix="/v1/fine_tuning/jobs", tags=["open
 BASE_LEARNING_RATE = RunConfig.model_fields["learning_rate"].default
 
 
-class Hyperparameters(BaseModel):
-    n_epochs: int | Literal["auto"] = "auto"
-    batch_size: int | Literal["auto"] = "auto"
-    learning_rate_multiplier: float | Literal["auto"] = "auto"
+def _auto(value: Any) -> Any:
+    return None if value == "auto" else value
 
 
-class Method(BaseModel):
+def _or_auto(schema: dict) -> None:
+    schema["anyOf"].append({"const": "auto"})
+
+
+# OpenAI's "auto" (read as None: Tunedeck's default), or a value within bounds. Not a union with
+# Literal["auto"]: pydantic would name the union's member in an error's location.
+Auto = (BeforeValidator(_auto), Field(json_schema_extra=_or_auto))
+
+
+class Hyperparameters(Schema):
+    n_epochs: Annotated[Annotated[int, Field(ge=1, le=1000)] | None, *Auto] = None
+    batch_size: Annotated[Annotated[int, Field(ge=1, le=65536)] | None, *Auto] = None
+    # the run's learning rate is this times 1e-3, at most 1
+    learning_rate_multiplier: Annotated[Annotated[float, Field(gt=0, le=1 / BASE_LEARNING_RATE)] | None, *Auto] = None
+
+
+class Supervised(Schema):
+    hyperparameters: Hyperparameters | None = None
+
+
+class Method(Schema):
     type: Literal["supervised"] = "supervised"
-    supervised: dict[str, Any] | None = None
+    supervised: Supervised | None = None
 
 
-class TunedeckExtra(BaseModel):
-    pool: str = "cpu"
-    config: dict[str, Any] = Field(default_factory=dict)
+class TunedeckExtra(Schema):
+    pool: str = Field(default="cpu", max_length=NAME_LENGTH)
+    config: dict[str, Any] = Field(default_factory=dict)  # a RunConfig, validated as one
     force: bool = False  # launch even if the memory estimate says it will not fit
 
 
-class JobCreate(BaseModel):
-    model: str
-    training_file: str
-    validation_file: str | None = None
+class JobCreate(Schema):
+    model: str = Field(max_length=NAME_LENGTH)
+    training_file: str = Field(max_length=ID_LENGTH)
+    validation_file: str | None = Field(default=None, max_length=ID_LENGTH)
     hyperparameters: Hyperparameters | None = None
     suffix: str | None = Field(default=None, max_length=64)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=INT32_MAX)
     method: Method | None = None
     tunedeck: TunedeckExtra = Field(default_factory=TunedeckExtra)
 
 
 def _to_run_create(job: JobCreate) -> RunCreate:
     hp = job.hyperparameters or Hyperparameters()
-    if job.method and job.method.supervised and "hyperparameters" in job.method.supervised:
-        hp = Hyperparameters(**job.method.supervised["hyperparameters"])
+    if job.method and job.method.supervised and job.method.supervised.hyperparameters:
+        hp = job.method.supervised.hyperparameters
     config = dict(job.tunedeck.config)
-    if hp.n_epochs != "auto":
+    if hp.n_epochs is not None:
         config["epochs"] = hp.n_epochs
-    if hp.batch_size != "auto":
+    if hp.batch_size is not None:
         config["batch_size"] = hp.batch_size
-    if hp.learning_rate_multiplier != "auto":
+    if hp.learning_rate_multiplier is not None:
         config["learning_rate"] = BASE_LEARNING_RATE * hp.learning_rate_multiplier
     if job.seed is not None:
         config["seed"] = job.seed
@@ -66,7 +85,7 @@ def _to_run_create(job: JobCreate) -> RunCreate:
         validation_dataset_id=job.validation_file,
         pool=job.tunedeck.pool,
         suffix=job.suffix,
-        config=RunConfig(**config),
+        config=RunConfig.model_validate(config),
         force=job.tunedeck.force,
     )
 
@@ -156,7 +175,7 @@ def list_events(
     session: SessionDep,
     user: CurrentUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
-    after: int | None = None,
+    after: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
 ) -> dict:
     rows = service.events(session, _get(session, user, job_id), limit=limit + 1, after=after)
     data = [

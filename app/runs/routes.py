@@ -8,6 +8,7 @@ from app.core import errors
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
+from app.core.schemas import INT32_MAX, Offset
 from app.core.sse import watch
 from app.endpoints import service as endpoints
 from app.endpoints.models import EndpointCost, RunCost
@@ -48,7 +49,7 @@ def list_runs(
     session: SessionDep,
     user: CurrentUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     status_: Annotated[RunStatus | None, Query(alias="status")] = None,
 ) -> RunsPublic:
     rows, count = service.list_runs(session, user, limit=limit, offset=offset, status=status_)
@@ -106,7 +107,9 @@ def get_run(
 
 
 @router.get("/{run_id}/metrics")
-def run_metrics(run_id: str, session: SessionDep, user: CurrentUser, since_step: int = -1) -> dict:
+def run_metrics(
+    run_id: str, session: SessionDep, user: CurrentUser, since_step: Annotated[int, Query(ge=-1, le=INT32_MAX)] = -1
+) -> dict:
     run = get_or_404(session, user, run_id)
     points = service.metrics(session, run, since_step=since_step)
     return {"data": [{"step": p.step, **p.values} for p in points], "count": len(points)}

@@ -29,6 +29,7 @@ from app.datasets.models import Dataset, DatasetStatus
 from app.pools.models import Pool
 from app.runs.estimate import Estimate, estimate
 from app.runs.models import (
+    MODEL_ID_LENGTH,
     TERMINAL,
     Run,
     RunCheckpoint,
@@ -63,8 +64,26 @@ def run_dir(run_id: str) -> Path:
     return get_settings().data_dir / "runs" / run_id
 
 
+def model_id(base_model: str, suffix: str | None, run_id: str) -> str:
+    """The model id of a run's result (OpenAI's fine_tuned_model)."""
+    return f"ft:{base_model}:{suffix or 'tunedeck'}:{run_id}"
+
+
 def fine_tuned_model_name(run: Run) -> str:
-    return f"ft:{run.base_model}:{run.suffix or 'tunedeck'}:{run.id}"
+    return model_id(run.base_model, run.suffix, run.id)
+
+
+def _check_model_id(data: RunCreate) -> None:
+    """The model id the run gets when it succeeds must fit its column: a long base-model name leaves
+    less room for the suffix. Raises RunInvalid('suffix')."""
+    name, limit = model_id(data.base_model, data.suffix, new_id("run")), MODEL_ID_LENGTH
+    if len(name) > limit:
+        room = limit - (len(name) - len(data.suffix or ""))
+        raise RunInvalid(
+            ("suffix",),
+            f"the model id ft:{data.base_model}:SUFFIX:RUN_ID would be {len(name)} characters, over {limit}: "
+            f"with this base model the suffix can have at most {room}",
+        )
 
 
 def event(session: Session, run: Run, message: str, level: str = "info") -> None:
@@ -92,11 +111,12 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         base, _ = base_models.resolve(session, data.base_model)
     except base_models.BaseModelError as exc:
         raise RunInvalid((exc.field,), str(exc)) from exc
+    _check_model_id(data)
     pool = session.get(Pool, data.pool)
     if pool is None:
         raise RunInvalid(("pool",), f"unknown pool {echo(data.pool)}")
     used = [_dataset(session, owner, data.dataset_id, "dataset_id")]
-    if data.validation_dataset_id:
+    if data.validation_dataset_id is not None:
         used.append(_dataset(session, owner, data.validation_dataset_id, "validation_dataset_id"))
     if any(d.format not in (None, "text") for d in used):  # chat records are rendered by the model's template
         try:

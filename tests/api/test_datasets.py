@@ -106,6 +106,16 @@ def test_unknown_override_is_refused_and_changes_nothing(server, api):
     assert _storage_files(server) == before_files
 
 
+def test_a_file_name_longer_than_its_column_is_refused_and_changes_nothing(server, api):
+    before_count = api.get("/api/v1/datasets").json()["count"]
+    before_files = _storage_files(server)
+    r = upload(api, "d" * 250 + ".jsonl", b'{"text": "a"}\n')
+    assert r.status_code == 422, r.text
+    assert "'file'" in r.json()["detail"] and "255" in r.json()["detail"], r.json()
+    assert api.get("/api/v1/datasets").json()["count"] == before_count
+    assert _storage_files(server) == before_files
+
+
 def test_missing_file_field_is_refused(server, api):
     r = api.post("/api/v1/datasets", data={"format": "chat"}, files={"other": ("x", b"y")})
     assert r.status_code == 422 and "'file'" in r.json()["detail"]

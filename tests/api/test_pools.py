@@ -32,3 +32,25 @@ def test_bad_pool_names_the_field(api):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
     names = {p["name"] for p in api.get("/api/v1/pools").json()["data"]}
     assert not {"x", "y", "Bad Name"} & names
+
+
+def test_null_for_a_field_that_must_have_a_value_is_refused_and_changes_nothing(api):
+    pool = {"name": "null-patch", "accelerator": "cpu", "chips": 2, "price_per_chip_hour": 1.5, "description": "x"}
+    assert api.post("/api/v1/pools", json=pool).status_code == 201
+    try:
+        for field in ("accelerator", "chips", "price_per_chip_hour", "description"):
+            r = api.patch("/api/v1/pools/null-patch", json={field: None})
+            assert r.status_code == 422, (field, r.text)
+            assert r.json()["detail"][0]["loc"] == ["body", field], r.json()
+        after = api.get("/api/v1/pools/null-patch").json()
+        assert {k: after[k] for k in pool} == pool
+    finally:
+        api.delete("/api/v1/pools/null-patch")
+
+
+def test_a_price_that_is_not_a_finite_number_is_refused(api):
+    for price in ("Infinity", "NaN", 1e12):
+        body = {"name": "odd-price", "accelerator": "cpu", "chips": 1, "price_per_chip_hour": price}
+        r = api.post("/api/v1/pools", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "price_per_chip_hour"], r.text
+    assert api.get("/api/v1/pools/odd-price").status_code == 404

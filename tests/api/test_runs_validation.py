@@ -50,6 +50,16 @@ def test_bad_config_names_the_field_and_queues_nothing(api, ready_dataset, body,
     assert api.get("/api/v1/runs").json()["count"] == before
 
 
+@pytest.mark.parametrize("field", ["dataset_id", "validation_dataset_id"])
+def test_an_empty_dataset_id_is_unknown(api, ready_dataset, field):
+    before = api.get("/api/v1/runs").json()["count"]
+    body = {"dataset_id": ready_dataset, "pool": "tpu-v5p-8", field: ""}
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], r.text
+    assert "unknown dataset ''" in r.json()["detail"][0]["msg"]
+    assert api.get("/api/v1/runs").json()["count"] == before
+
+
 def test_invalid_dataset_is_refused(api, invalid_dataset):
     r = api.post("/api/v1/runs", json={"dataset_id": invalid_dataset})
     assert r.status_code == 422
@@ -221,3 +231,79 @@ def test_errors_quote_a_huge_value_by_a_short_prefix(server, api, ready_dataset)
     assert r.json()["error"]["message"].endswith(f"unknown dataset '{'p' * 200}'…"), r.json()
     assert api.get(f"/api/v1/runs/{huge[:50_000]}").json()["detail"] == f"run {'p' * 200}… not found"
     assert api.get("/api/v1/runs").json()["count"] == before
+
+
+def _post_raw(client, path: str, body: str):
+    """A JSON body as written (JSON's NaN and Infinity tokens, numbers beyond 64 bits)."""
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+# On the TPU pool, which no test worker serves: a run the old code let through is queued, never trained.
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ('{"lora_alpha": Infinity}', "lora_alpha"),
+        ('{"lora_alpha": NaN}', "lora_alpha"),
+        ('{"lora_alpha": "Infinity"}', "lora_alpha"),  # a string pydantic would read as a float
+        ('{"seed": 18446744073709551616}', "seed"),
+        ('{"warmup_steps": 10000000000000}', "warmup_steps"),
+    ],
+)
+def test_odd_numbers_name_the_field_and_create_nothing(api, ready_dataset, config, field):
+    before = api.get("/api/v1/runs").json()["count"]
+    body = f'{{"dataset_id": "{ready_dataset}", "pool": "tpu-v5p-8", "config": {config}}}'
+    r = _post_raw(api, "/api/v1/runs", body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "config", field], r.json()
+    runs = api.get("/api/v1/runs")
+    assert runs.status_code == 200 and runs.json()["count"] == before
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        (
+            '"method": {"type": "supervised", "supervised": {"hyperparameters": [1]}}',
+            "method.supervised.hyperparameters",
+        ),
+        ('"hyperparameters": {"learning_rate_multiplier": Infinity}', "hyperparameters.learning_rate_multiplier"),
+        ('"hyperparameters": {"n_epochs": 1000000000000}', "hyperparameters.n_epochs"),
+        ('"seed": 18446744073709551616', "seed"),
+        ('"tunedeck": {"pool": "tpu-v5p-8", "config": {"lora_alpha": Infinity}}', "tunedeck.config.lora_alpha"),
+    ],
+)
+def test_openai_odd_json_names_the_param_and_creates_nothing(api, ready_dataset, extra, param):
+    before = len(api.get("/v1/fine_tuning/jobs", params={"limit": 1000}).json()["data"])
+    pool = "" if '"tunedeck"' in extra else '"tunedeck": {"pool": "tpu-v5p-8"}, '
+    body = f'{{"model": "tiny-gemma4", "training_file": "{ready_dataset}", {pool}{extra}}}'
+    r = _post_raw(api, "/v1/fine_tuning/jobs", body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith(f"{param}:"), r.json()
+    jobs = api.get("/v1/fine_tuning/jobs", params={"limit": 1000})
+    assert jobs.status_code == 200 and len(jobs.json()["data"]) == before
+
+
+def test_a_model_id_longer_than_its_column_is_refused(server, api, ready_dataset, tmp_path):
+    """A run's model id (ft:BASE:SUFFIX:ID) is stored when it succeeds: a long base-model name with a
+    long suffix must be refused when the run is made, not fail the run's ending on PostgreSQL."""
+    from worker.training.tiny import create_tiny_gemma4
+
+    name = "a-base-model-whose-name-takes-all-of-the-sixty-four-characters-x"
+    source = create_tiny_gemma4(tmp_path / "tiny")
+    r = api.post("/api/v1/base-models", json={"name": name, "preset": "tiny-gemma4", "source": str(source)})
+    assert r.status_code == 201, r.text
+    before = api.get("/api/v1/runs").json()["count"]
+    body = {"base_model": name, "dataset_id": ready_dataset, "pool": "tpu-v5p-8", "suffix": "s" * 64}
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "suffix"] and "128" in detail["msg"], detail
+    job = {"model": name, "training_file": ready_dataset, "suffix": "s" * 64, "tunedeck": {"pool": "tpu-v5p-8"}}
+    r = api.post("/v1/fine_tuning/jobs", json=job)
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("suffix:"), r.text
+    runs = api.get("/api/v1/runs")
+    assert runs.status_code == 200 and runs.json()["count"] == before
+    # The longest suffix that fits is taken.
+    run = api.post("/api/v1/runs", json={**body, "suffix": "s" * (128 - len(f"ft:{name}::run-") - 20)})
+    assert run.status_code == 201, run.text
+    assert api.post(f"/api/v1/runs/{run.json()['id']}/cancel").status_code == 200
