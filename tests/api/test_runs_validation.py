@@ -208,11 +208,8 @@ def test_errors_quote_a_huge_value_by_a_short_prefix(server, api, ready_dataset)
     huge = "p" * 500_000
     r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "pool": huge})
     assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
-    assert r.json()["detail"][0] == {
-        "loc": ["body", "pool"],
-        "msg": f"unknown pool '{'p' * 200}'…",
-        "type": "value_error",
-    }
+    (error,) = r.json()["detail"]  # longer than any pool name: refused by the schema, quoted short
+    assert error["loc"] == ["body", "pool"] and error["input"] == "p" * 200 + "…", error
     r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "suffix": huge})
     assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
     (error,) = r.json()["detail"]
@@ -220,15 +217,15 @@ def test_errors_quote_a_huge_value_by_a_short_prefix(server, api, ready_dataset)
     r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [[huge]] * 2}})
     assert r.status_code == 422 and len(r.content) < 2000, r.content[:2000]
     assert r.json()["detail"][0]["input"].startswith('["ppp') and r.json()["detail"][0]["input"].endswith("…")
-    r = api.post("/api/v1/runs", json={"dataset_id": ready_dataset, "config": {"target_modules": [1] * 100_000}})
+    r = api.post("/api/v1/benchmarks", json={"endpoint_id": "ep-none", "concurrency": ["x"] * 100_000})
     assert r.status_code == 422 and len(r.content) < 10_000, len(r.content)
     detail = r.json()["detail"]
-    assert len(detail) == 21 and detail[0]["loc"] == ["body", "config", "target_modules", 0], detail[0]
+    assert len(detail) == 21 and detail[0]["loc"] == ["body", "concurrency", 0], detail[0]
     assert detail[-1]["msg"] == "and 99980 more errors", detail[-1]
     job = {"model": "tiny-gemma4", "training_file": huge, "tunedeck": {"pool": "tpu-v5p-8"}}
     r = api.post("/v1/fine_tuning/jobs", json=job)
     assert r.status_code == 422 and len(r.content) < 1000, r.content[:1000]
-    assert r.json()["error"]["message"].endswith(f"unknown dataset '{'p' * 200}'…"), r.json()
+    assert r.json()["error"]["message"].startswith("training_file:"), r.json()
     assert api.get(f"/api/v1/runs/{huge[:50_000]}").json()["detail"] == f"run {'p' * 200}… not found"
     assert api.get("/api/v1/runs").json()["count"] == before
 
