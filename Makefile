@@ -39,10 +39,12 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # tests (the pages call the same API, which tests/api covers on PostgreSQL), and the artifact-store
 # test (fsspec; the lost-worker re-queue it also covers runs on PostgreSQL in the run SIGKILL test), and the
 # Gemma 4 release chain (file formats; its train, merge and deploy steps run on PostgreSQL in their own tests),
-# and the broker test (it runs its own Redis whatever the suite).
+# the broker test (it runs its own Redis whatever the suite), and the body-cap and security-header tests
+# (middleware in front of everything: no database involved).
 SERVER_TESTS := tests/api tests/test_cli.py
 NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store \
-	--deselect tests/api/test_gemma4_release.py --deselect tests/api/test_broker.py
+	--deselect tests/api/test_gemma4_release.py --deselect tests/api/test_broker.py \
+	--deselect tests/api/test_limits.py --deselect tests/api/test_headers.py
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \
