@@ -137,6 +137,9 @@ def start_server(data_dir: Path, extra_env: dict | None = None) -> Server:
             "TUNEDECK_PROBE_SECONDS": "1",
             # the gateway remembers a model's endpoint for the session: tests see it re-route when one goes
             "TUNEDECK_GATEWAY_ROUTE_SECONDS": "3600",
+            # No training process waits ahead (its imports cost each server seconds of CPU, mostly for
+            # tests that train nothing); the run test that kills a worker turns it on, and checks it.
+            "TUNEDECK_TRAINING_STANDBY": "0",
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -7,7 +7,8 @@ beats the run's heartbeat, and when the user cancels or pauses, gives the traini
 
 Importing JAX, Tunix and Qwix takes seconds, so each worker process keeps one training process
 on standby, imports done, that takes the next run from its stdin (`Standby`); the next standby
-starts when that run ends, so it never competes with a run for the CPU.
+starts when that run ends, so it never competes with a run for the CPU. With
+`TUNEDECK_TRAINING_STANDBY=0` none waits: each run starts its training process when it starts.
 
     python -m worker.runs --standby     # a training process, waiting for "RUN_ID ATTEMPT LOG_PATH"
 """
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.base_models import service as base_models
@@ -39,12 +41,17 @@ HEARTBEAT_S = 2.0
 
 
 def base_model_dir(session, run: Run) -> tuple[Path, str]:
-    """The local HF checkpoint directory of the run's base model, and the preset to check it against.
-    Presets live under ``<data dir>/models/<name>`` (``tiny-gemma4`` is made there on first use);
-    registered sources are a local directory, or a URL copied to this host once."""
+    """The local HF checkpoint directory of the run's base model, and the preset to check it against."""
+    return model_dir(session, run.base_model, lambda line: runs.log(session, run, line))
+
+
+def model_dir(session, name: str, log_line: Callable[[str], None] | None = None) -> tuple[Path, str]:
+    """The local HF checkpoint directory of a base model, and its preset. Presets live under
+    ``<data dir>/models/<name>`` (``tiny-gemma4`` is made there on first use); registered sources are a
+    local directory, or a URL copied to this host once (``log_line`` hears how the copy goes)."""
     from worker.training.tiny import create_tiny_gemma4
 
-    preset, row = base_models.resolve(session, run.base_model)
+    preset, row = base_models.resolve(session, name)
     models_dir = get_settings().data_dir / "models"
     if row is None:
         path = models_dir / preset.name
@@ -53,9 +60,7 @@ def base_model_dir(session, run: Run) -> tuple[Path, str]:
         return path, preset.name
     if "://" not in row.source:
         return Path(row.source), preset.name
-    return cached_copy(
-        row.source, models_dir / "cache", row.name, lambda line: runs.log(session, run, line)
-    ), preset.name
+    return cached_copy(row.source, models_dir / "cache", row.name, log_line or log.info), preset.name
 
 
 def execute(run_id: str, worker: str) -> None:
@@ -89,7 +94,7 @@ def execute(run_id: str, worker: str) -> None:
                 # The process died without recording an outcome.
                 runs.fail(session, run, _crash_reason(child.returncode, log_path))
         finally:
-            if requested != "handback":  # a worker that is stopping needs no training process on standby
+            if requested != "handback" and get_settings().training_standby:  # a stopping worker needs none
                 Standby.start()
 
 
@@ -254,6 +259,7 @@ def train_process(run_id: str, attempt: int) -> int:
 
 def standby() -> int:
     """The standby process: import the trainer, wait for a run, log to its file, train it."""
+    processes.without_torch()
     import worker.training.engine  # noqa: F401 - the slow imports, done ahead of time
 
     line = sys.stdin.readline()

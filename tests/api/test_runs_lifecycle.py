@@ -60,6 +60,9 @@ def test_run_trains_and_succeeds(server, api):
     messages = [e["message"] for e in api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]]
     for phase in ("phase: loading", "phase: training", "removed the checkpoint(s) at step 10", "succeeded"):
         assert any(m.startswith(phase) for m in messages), messages
+    # The test servers keep no training process on standby (TUNEDECK_TRAINING_STANDBY=0): once the run's
+    # own has exited, none waits for the next run.
+    server.wait_for(lambda: not standbys(server), timeout=30, what="no training process left")
 
 
 def test_openai_fine_tuning_jobs(server, api):
@@ -129,7 +132,8 @@ def test_openai_fine_tuning_jobs(server, api):
 
 @pytest.fixture
 def fast_reaper_server(tmp_path):
-    srv = start_server(tmp_path / "reaper", {"TUNEDECK_STALE_SECONDS": "4"})
+    # With the default standby: each of the worker's pool processes starts a training process ahead.
+    srv = start_server(tmp_path / "reaper", {"TUNEDECK_STALE_SECONDS": "4", "TUNEDECK_TRAINING_STANDBY": "1"})
     yield srv
     stop_server(srv)
 
@@ -140,9 +144,22 @@ def worker_tree(server) -> list[psutil.Process]:
     return [proc for w in workers for proc in (w, *w.children(recursive=True))]
 
 
+def standbys(server) -> set[int]:
+    """The worker's training processes (`python -m worker.runs --standby`), waiting or training."""
+    found = set()
+    for proc in worker_tree(server):
+        try:
+            if "--standby" in proc.cmdline():
+                found.add(proc.pid)
+        except psutil.NoSuchProcess:  # exited since it was listed
+            pass
+    return found
+
+
 def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):
     srv = fast_reaper_server
     api = srv.client()
+    ahead = srv.wait_for(lambda: len(s := standbys(srv)) == 2 and s, timeout=30, what="a standby per pool process")
     dataset = demo_dataset(srv, api)
     config = {**SMALL, "max_steps": 60}
     run_id = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": config}).json()["id"]
@@ -153,6 +170,9 @@ def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):
         return run["step"] >= 15 and ckpts
 
     srv.wait_for(past_a_checkpoint, timeout=240, interval=0.2, what="training past the first checkpoint")
+    assert standbys(srv) == ahead, "the run trains in a process started ahead, and none more is started meanwhile"
+    for pid in ahead:  # torch is installed here (the merge tests use it), and the training needs none of it
+        assert not [m.path for m in psutil.Process(pid).memory_maps() if "libtorch" in m.path], pid
     victims = worker_tree(srv)
     assert any("worker.runs" in " ".join(p.cmdline()) for p in victims), (
         "the training process should be under the worker"

@@ -326,7 +326,10 @@ def test_a_tpu_endpoint_runs_vllm_through_the_docker_engine_api(server, api, art
         ("GET", "/containers/json?name"),  # a dead supervisor's container of the endpoint, to remove first
     ]
     assert made[4:6] == [("POST", "/containers/create"), ("POST", f"/containers/{cid}/start")]
-    assert made[-2:] == [("POST", f"/containers/{cid}/stop"), ("DELETE", f"/containers/{cid}")]
+    # stopped, then removed; the worker's look for orphans may remove it again once the endpoint is
+    # recorded stopped, if it listed the container just before (the engine answers 404, which it ignores)
+    stopped_at = made.index(("POST", f"/containers/{cid}/stop"))
+    assert made[stopped_at + 1 :] in ([("DELETE", f"/containers/{cid}")], [("DELETE", f"/containers/{cid}")] * 2)
     assert ("GET", f"/containers/{cid}/logs") in made and ("GET", f"/containers/{cid}/json") in docker_engine.calls
     assert cid not in docker_engine.containers
 

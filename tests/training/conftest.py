@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -115,16 +114,14 @@ def Recorder():  # noqa: N802 - a class
 
 
 @pytest.fixture(scope="session")
-def jax_cache_dir(tmp_path_factory):
-    """One persistent compilation cache for the whole session (in-process runs and subprocesses)."""
-    path = tmp_path_factory.mktemp("jax-cache")
-    old = os.environ.get("TUNEDECK_JAX_CACHE_DIR")
-    os.environ["TUNEDECK_JAX_CACHE_DIR"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("TUNEDECK_JAX_CACHE_DIR", None)
-    else:
-        os.environ["TUNEDECK_JAX_CACHE_DIR"] = old
+def jax_cache_dir() -> Path:
+    """The persistent compilation cache these tests share with each other, with the other test process and
+    with the test servers' training processes: the one Tunedeck uses by default (`$TUNEDECK_JAX_CACHE_DIR`,
+    else ~/.cache/tunedeck/jax). A program is compiled once however many tests and processes run it; what
+    is compiled does not depend on the cache (a program is looked up by a hash of itself)."""
+    from worker.training.engine import configure_compilation_cache
+
+    return Path(configure_compilation_cache())
 
 
 @pytest.fixture(scope="session")
