@@ -62,6 +62,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/merge.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/gateway.py
+	$(BIN)/python bench/evals.py
 
 clean:
 	rm -rf $(VENV) data test-artifacts

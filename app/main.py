@@ -35,6 +35,8 @@ from app.datasets import routes as dataset_routes
 from app.endpoints import gateway as endpoint_gateway
 from app.endpoints import pages as endpoint_pages
 from app.endpoints import routes as endpoint_routes
+from app.evaluations import pages as evaluation_pages
+from app.evaluations import routes as evaluation_routes
 from app.pools import pages as pool_pages
 from app.pools import routes as pool_routes
 from app.runs import openai_routes as run_openai_routes
@@ -55,6 +57,7 @@ ROUTERS = (
     artifact_routes,
     endpoint_routes,
     benchmark_routes,
+    evaluation_routes,
     endpoint_gateway,
     auth_pages,
     dataset_pages,
@@ -63,6 +66,7 @@ ROUTERS = (
     artifact_pages,
     endpoint_pages,
     benchmark_pages,
+    evaluation_pages,
     web_pages,
 )
 

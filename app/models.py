@@ -6,6 +6,7 @@ from app.base_models.models import RegisteredModel
 from app.benchmarks.models import Benchmark
 from app.datasets.models import Dataset
 from app.endpoints.models import Endpoint, EndpointSample
+from app.evaluations.models import Evaluation, EvaluationSample
 from app.pools.models import Pool, WorkerHost
 from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
@@ -16,6 +17,8 @@ __all__ = [
     "Dataset",
     "Endpoint",
     "EndpointSample",
+    "Evaluation",
+    "EvaluationSample",
     "LoginFailure",
     "Pool",
     "RegisteredModel",

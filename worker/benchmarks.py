@@ -14,7 +14,7 @@ Prompts are random token ids of ``input_len`` decoded with the model's own token
 dataset), or a dataset's conversations up to their last reply (sent as chat). Replies go on to
 ``output_len`` tokens (``ignore_eos``). In ``rate`` mode requests arrive as a Poisson process.
 
-While the load runs, a thread beats the benchmark's heartbeat (``Beat``): a worker that goes silent has
+While the load runs, a thread beats the benchmark's heartbeat (``worker.beat.Beat``): a worker that goes silent has
 its benchmark failed by the pool's other workers (``benchmarks.fail_stale``). The same beat reads the
 user's cancel: the level in flight is dropped, its requests closed (the model server stops decoding
 them), and the benchmark ends ``cancelled`` with the levels it finished.
@@ -43,10 +43,10 @@ from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.datasets.validation import iter_conversations
 from app.endpoints.models import Endpoint
+from worker.beat import Beat
 from worker.probe import auth
 
 PROGRESS_EVERY_S = 0.5
-HEARTBEAT_S = 1.0  # also how soon a cancel is seen
 STOP_POLL_S = 0.1  # how soon the load stops once it is seen
 MAX_ERRORS = 3
 
@@ -57,47 +57,12 @@ class Stopped(Exception):  # noqa: N818 - not an error: the load was told to sto
     """``run_level``'s ``stop`` was set: the level's requests were closed before all were answered."""
 
 
-class Beat:
-    """The benchmark's heartbeat, beaten every ``HEARTBEAT_S`` by a thread with a session of its own (the
-    load's event loop must not wait on the database). ``stop`` is set, and ``reason`` says why, when the
-    user cancels the benchmark ("cancel") or it is not this worker's running benchmark any more ("gone")."""
-
-    def __init__(self, benchmark_id: str, worker: str) -> None:
-        self.benchmark_id, self.worker = benchmark_id, worker
-        self.stop = threading.Event()
-        self.reason: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{benchmark_id}", daemon=True)
-
-    def __enter__(self) -> Beat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self._done.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        with session_scope() as session:
-            while not self._done.wait(HEARTBEAT_S):
-                try:
-                    reason = benchmarks.heartbeat(session, self.benchmark_id, self.worker)
-                except Exception:  # noqa: BLE001 - a missed beat is retried; a long silence fails it
-                    log.exception("benchmark %s: heartbeat failed", self.benchmark_id)
-                    session.rollback()
-                    continue
-                if reason is not None:
-                    self.reason = reason
-                    self.stop.set()
-                    return
-
-
 def execute(benchmark_id: str, worker: str) -> None:
     with session_scope() as session:
         benchmark = benchmarks.start(session, benchmark_id, worker)
         if benchmark is None:
             return
-        with Beat(benchmark_id, worker) as beat:
+        with Beat(benchmarks.heartbeat, benchmark_id, worker) as beat:
             try:
                 _run(session, benchmark, beat.stop)
             except Stopped:

@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 def _init_process(**_):
     # A forked child must not share the parent's pooled DB connections.
     reset_engine()
-    from worker.runs import Standby
+    if get_settings().training_standby:
+        from worker.runs import Standby
 
-    Standby.start()  # the first run this process takes starts training without waiting on imports
+        Standby.start()  # the first run this process takes starts training without waiting on imports
 
 
 @signals.worker_ready.connect

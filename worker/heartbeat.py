@@ -1,7 +1,7 @@
 """A worker's heartbeat: `last_seen` written every few seconds, so the dashboard knows who is online;
 and on each beat, runs and artifact builds of this pool whose own heartbeat went silent are re-queued,
 its silent endpoints marked failed (their model server went with their host), its silent
-benchmarks failed (the worker sending their load was lost), and the tasks of rows of any pool
+benchmarks and evaluations failed (the worker sending their load was lost), and the tasks of rows of any pool
 that wait for a task their queue lost are sent again (`queue.resend_lost`). A worker of a TPU or GPU
 pool also removes the vLLM containers of its host that no endpoint runs any more
 (`runtimes.remove_orphans`)."""
@@ -17,6 +17,7 @@ from app.core.db import session_scope, utcnow
 from app.datasets import service as datasets
 from app.endpoints import service as endpoints
 from app.endpoints.models import Runtime
+from app.evaluations import service as evaluations
 from app.pools import service as pools
 from app.pools.models import Pool
 from app.runs import service as runs
@@ -51,6 +52,8 @@ class Heartbeat:
                 log.warning("artifact %s lost its worker: re-queued", artifact_id)
             for benchmark_id in benchmarks.fail_stale(session, self.pool):
                 log.warning("benchmark %s lost its worker: failed", benchmark_id)
+            for evaluation_id in evaluations.fail_stale(session, self.pool):
+                log.warning("evaluation %s lost its worker: failed", evaluation_id)
             for endpoint_id in endpoints.fail_stale(session, self.pool):
                 log.warning("endpoint %s lost its worker", endpoint_id)
             waiting = [
@@ -59,6 +62,7 @@ class Heartbeat:
                 *artifacts.waiting_tasks(session),
                 *endpoints.waiting_tasks(session),
                 *benchmarks.waiting_tasks(session),
+                *evaluations.waiting_tasks(session),
             ]
             for row_id in queue.resend_lost(waiting, utcnow()):
                 log.warning("%s waited for a task its queue did not hold: sent again", row_id)

@@ -25,6 +25,7 @@ from app.artifacts.models import Artifact, ArtifactKind
 from app.core.config import get_settings
 from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, Runtime
+from app.evaluations import service as evaluations
 from app.pools.models import Pool
 from worker import processes
 from worker.chat import vllm_reasoning_parser
@@ -269,20 +270,26 @@ class VllmContainer:
 def remove_orphans(session, client) -> list[str]:
     """Remove the containers of this Docker Engine that no endpoint runs any more, and return their names:
     those of endpoints deleted, failed or stopped (a supervisor that died, with its host or alone, leaves
-    its container running, holding the chips), and those of an earlier start of an endpoint started again
-    (each start has a key of its own, in its container's environment)."""
+    its container running, holding the chips), those of evaluations no longer running, and those of an
+    earlier start of an endpoint started again (each start has a key of its own, in its container's
+    environment)."""
     import docker.errors
 
     found = client.containers.list(all=True, filters={"label": ENDPOINT_LABEL}, ignore_removed=True)
     if not found:
         return []
-    keys = endpoints.live_keys(session, [c.labels[ENDPOINT_LABEL] for c in found])
+    labels = [c.labels[ENDPOINT_LABEL] for c in found]
+    keys = endpoints.live_keys(session, labels)
+    # An evaluation serves its subjects as endpoints of its own, named "<evaluation id>-s<n>", with no row
+    evaluating = evaluations.running(session, [label.rsplit("-", 1)[0] for label in labels])
     removed = []
     for container in found:
         env = dict(v.split("=", 1) for v in container.attrs["Config"].get("Env") or [] if "=" in v)
         key = keys.get(container.labels[ENDPOINT_LABEL])
         if key is not None and env.get("VLLM_API_KEY") == key:
             continue  # its endpoint's current start: its supervisor runs it
+        if container.labels[ENDPOINT_LABEL].rsplit("-", 1)[0] in evaluating:
+            continue  # a subject of a running evaluation
         try:
             container.remove(force=True)
         except docker.errors.NotFound:

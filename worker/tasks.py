@@ -3,7 +3,7 @@
 from app.core import queue
 from app.core.db import session_scope
 from app.datasets import service as datasets
-from worker import artifacts, benchmarks, endpoints, runs
+from worker import artifacts, benchmarks, endpoints, evaluations, runs
 from worker.celery_app import celery
 
 
@@ -35,3 +35,8 @@ def start_endpoint(self, endpoint_id: str) -> None:
 @celery.task(name=queue.RUN_BENCHMARK, bind=True)
 def run_benchmark(self, benchmark_id: str) -> None:
     benchmarks.execute(benchmark_id, self.request.hostname)
+
+
+@celery.task(name=queue.RUN_EVALUATION, bind=True)
+def run_evaluation(self, evaluation_id: str) -> None:
+    evaluations.execute(evaluation_id, self.request.hostname)

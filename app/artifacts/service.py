@@ -126,14 +126,27 @@ def waiting_tasks(session: Session) -> list[queue.Waiting]:
 
 
 def _enqueue(session: Session, run: Run, kind: ArtifactKind, step: int, name: str) -> Artifact:
+    artifact = _new(session, run, kind, step, name)
+    queue.send_task(queue.BUILD_ARTIFACT, artifact.id, queue=run.pool)
+    return artifact
+
+
+def _new(session: Session, run: Run, kind: ArtifactKind, step: int, name: str) -> Artifact:
     artifact = Artifact(
         id=new_id("art"), owner_id=run.owner_id, run_id=run.id, kind=kind, checkpoint_step=step, name=name
     )
     artifact.path = store_url(artifact.id) or str(build_dir(artifact.id))
     session.add(artifact)
     session.commit()
-    queue.send_task(queue.BUILD_ARTIFACT, artifact.id, queue=run.pool)
     return artifact
+
+
+def new_merge(session: Session, run: Run, step: int) -> Artifact:
+    """A merged artifact of the run's checkpoint at ``step``, queued, with no task sent: the caller (an
+    evaluation's worker) builds it itself. Were that worker lost, ``waiting_tasks`` has it sent."""
+    steps = session.exec(select(RunCheckpoint.step).where(RunCheckpoint.run_id == run.id)).all()
+    final = run.status == RunStatus.succeeded and step == max(steps, default=None)
+    return _new(session, run, ArtifactKind.merged, step, _name(run, ArtifactKind.merged, step, final))
 
 
 def on_run_succeeded(session: Session, run: Run) -> Artifact | None:

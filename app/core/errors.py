@@ -15,16 +15,19 @@ T = TypeVar("T")
 
 class FieldError(ValueError):
     """A service refused: ``field`` names what is wrong; ``conflict`` when it is the object's state
-    (409), not the request (422)."""
+    (409), ``missing`` when the field names an object the caller has not got (404), else the request (422)."""
 
-    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
+    def __init__(self, field: str, message: str, *, conflict: bool = False, missing: bool = False) -> None:
         super().__init__(message)
         self.field = field
         self.conflict = conflict
+        self.missing = missing
 
 
 def answer(exc: FieldError) -> HTTPException:
     """The HTTP answer to a service's refusal."""
+    if exc.missing:
+        return HTTPException(status.HTTP_404_NOT_FOUND, str(exc))
     return conflict(str(exc)) if exc.conflict else unprocessable(str(exc), exc.field)
 
 

@@ -34,6 +34,7 @@ TRAIN_RUN = "tunedeck.runs.train"
 BUILD_ARTIFACT = "tunedeck.artifacts.build"
 START_ENDPOINT = "tunedeck.endpoints.start"
 RUN_BENCHMARK = "tunedeck.benchmarks.run"
+RUN_EVALUATION = "tunedeck.evaluations.run"
 
 
 def make_celery() -> Celery:

@@ -440,3 +440,49 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     page.goto("/endpoints")
     expect(page.locator("#endpoints-table tbody")).to_contain_text(endpoint_id)
     expect(page.locator("#endpoints-table tbody tr", has_text=endpoint_id)).to_contain_text("stopped")
+
+
+def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run, demo_dataset):
+    """Two checkpoints of the run and its base, evaluated through the API; the page follows it live to its
+    scores (a table with intervals, a chart) and its samples, reordered by where the subjects differ."""
+    client = server.client()
+    body = {
+        "dataset_id": demo_dataset["id"],
+        "subjects": [
+            {"kind": "checkpoint", "run_id": tiny_run["id"], "step": 20},
+            {"kind": "checkpoint", "run_id": tiny_run["id"]},
+            {"kind": "base", "run_id": tiny_run["id"]},
+        ],
+        "metrics": ["exact_match", "chrf", "rouge_l"],
+        "max_samples": 6,
+        "max_tokens": 12,
+    }
+    r = client.post("/api/v1/evaluations", json=body)
+    assert r.status_code == 201, r.text
+    evaluation = r.json()
+    page.goto("/evaluations")
+    expect(page.locator("#evaluations-table tbody tr").first).to_contain_text(evaluation["id"])
+    page.locator("#evaluations-table a", has_text=evaluation["id"]).click()
+    expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
+    expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
+    expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=TRAIN_TIMEOUT)
+    expect(page.locator("#progress-count")).to_have_text("18 of 18 replies")
+
+    scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
+    rows = page.locator("#summary-table tbody tr")
+    expect(rows).to_have_count(3)
+    chrf = scores["s1"]["chrf"]
+    expect(rows.nth(1)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
+    expect(rows.nth(2)).to_contain_text("tiny-gemma4 (base)")
+    assert page.locator("#summary-chart").bounding_box()["height"] > 100
+
+    samples = page.locator("#samples-table tbody tr")
+    expect(samples).to_have_count(6)
+    expect(samples.first.locator("td").first).to_have_text("0")
+    page.select_option("#samples-order", "spread")
+    spread = client.get(f"/api/v1/evaluations/{evaluation['id']}/samples", params={"order": "spread"}).json()["data"]
+    expect(samples.first.locator("td").first).to_have_text(str(spread[0]["position"]))
+    expect(page.locator("#download-samples")).to_have_attribute(
+        "href", f"/api/v1/evaluations/{evaluation['id']}/samples.jsonl"
+    )
+    page.screenshot(path=str(ARTIFACTS / "evaluation.png"), full_page=True)

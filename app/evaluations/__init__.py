@@ -1,0 +1,1 @@
+"""Evaluations: scoring fine-tuned models' answers against references and comparing models."""

@@ -1,0 +1,387 @@
+"""Evaluations: the state machine (queued -> running -> succeeded | failed | cancelled), advanced by the
+`tunedeck.evaluations.run` task on the evaluation's pool (worker/evaluations.py), which serves each
+subject in turn, asks it the eval set's prompts, and records the scored samples and the summary here.
+An evaluation whose worker went silent is failed by the pool's workers (``fail_stale``); the user
+cancels one with ``cancel``. The only place an evaluation's state changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import update
+from sqlmodel import Session, col, func, select
+
+from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
+from app.auth.models import User
+from app.core import queue
+from app.core.config import get_settings
+from app.core.db import claim, owned, owned_page, utcnow
+from app.core.echo import echo
+from app.core.errors import FieldError
+from app.core.security import new_id
+from app.datasets.models import Dataset, DatasetStatus
+from app.endpoints.models import Endpoint, EndpointStatus
+from app.evaluations import metrics
+from app.evaluations.models import (
+    TERMINAL,
+    Evaluation,
+    EvaluationCreate,
+    EvaluationPublic,
+    EvaluationSample,
+    EvaluationStatus,
+    Subject,
+)
+from app.pools.models import Pool
+from app.runs.models import Run, RunCheckpoint
+
+# Dataset formats whose records end with an answer to score against (the last assistant message); a
+# `text` dataset has none.
+WITH_REFERENCES = {"chat", "prompt_completion", "alpaca"}
+
+
+class EvaluationError(FieldError):
+    pass
+
+
+def to_public(evaluation: Evaluation) -> EvaluationPublic:
+    return EvaluationPublic(
+        **evaluation.model_dump(exclude={"owner_id", "attempts", "worker", "heartbeat_at", "updated_at"}),
+        cost_usd=evaluation.chip_seconds / 3600 * evaluation.price_per_chip_hour,
+    )
+
+
+def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str | None = None) -> Evaluation:
+    dataset = session.get(Dataset, data.dataset_id)
+    if dataset is None or dataset.owner_id != owner.id:
+        raise EvaluationError("dataset_id", f"dataset {echo(data.dataset_id)} not found", missing=True)
+    if dataset.status != DatasetStatus.ready or not dataset.valid_rows:
+        raise EvaluationError("dataset_id", f"dataset {dataset.id} is {dataset.status}; evaluate on a ready one")
+    if dataset.format not in WITH_REFERENCES:
+        # every metric of METRICS compares with the reference
+        raise EvaluationError(
+            "metrics",
+            f"{data.metrics[0]} compares replies with reference answers, and dataset {dataset.id} "
+            f"({dataset.format} format) has none: use a chat, prompt/completion or alpaca dataset",
+        )
+    subjects, served_pools, endpoint_pools, run_id = [], set(), set(), None
+    for i, subject in enumerate(data.subjects):
+        described = _resolve(session, owner, subject, f"subjects.{i}")
+        described["key"] = f"s{i}"
+        subjects.append(described)
+        if subject.kind == "endpoint":
+            endpoint_pools.add(described["pool"])
+        else:
+            served_pools.add(described["pool"])
+            run_id = run_id or described.get("run_id")
+    if len(served_pools) > 1:
+        raise EvaluationError(
+            "subjects", f"the checkpoints and base models to serve are on pools {sorted(served_pools)}: one at a time"
+        )
+    where = pool or next(iter(served_pools), None) or next(iter(sorted(endpoint_pools)), None)
+    pool_row = session.get(Pool, where) if where else None
+    if pool_row is None:
+        raise EvaluationError("pool", f"unknown pool {echo(where or '')}")
+    queue.check_broker()
+    assert owner.id is not None, "the owner is a saved user"
+    evaluation = Evaluation(
+        id=new_id("ev"),
+        owner_id=owner.id,
+        dataset_id=dataset.id,
+        run_id=run_id,
+        pool=pool_row.name,
+        chips=pool_row.chips,
+        price_per_chip_hour=pool_row.price_per_chip_hour,
+        subjects=subjects,
+        config=data.model_dump(include=set(type(data).model_fields) - {"subjects", "dataset_id"}),
+        samples_total=min(data.max_samples, dataset.valid_rows) * len(subjects),
+    )
+    session.add(evaluation)
+    session.commit()
+    queue.send_task(queue.RUN_EVALUATION, evaluation.id, queue=evaluation.pool)
+    return evaluation
+
+
+def _resolve(session: Session, owner: User, subject: Subject, field: str) -> dict[str, Any]:
+    """The subject as the worker needs it (ids, pool) with a ``label`` for people; 404 when it names
+    something the caller has not got, 422 when it cannot be evaluated."""
+    base: dict[str, Any] = subject.model_dump(exclude_none=True)
+    if subject.kind == "endpoint":
+        endpoint = session.get(Endpoint, subject.endpoint_id)
+        if endpoint is None or endpoint.owner_id != owner.id:
+            raise EvaluationError(field, f"{field}: endpoint {echo(subject.endpoint_id or '')} not found", missing=True)
+        if endpoint.status != EndpointStatus.ready:
+            raise EvaluationError(field, f"{field}: endpoint {endpoint.id} is {endpoint.status}; evaluate a ready one")
+        return {**base, "pool": endpoint.pool, "label": f"{endpoint.model} ({endpoint.id})"}
+    if subject.run_id is not None:
+        run = session.get(Run, subject.run_id)
+        if run is None or run.owner_id != owner.id:
+            raise EvaluationError(field, f"{field}: run {echo(subject.run_id)} not found", missing=True)
+        if subject.kind == "base":
+            return {**base, "base_model": run.base_model, "pool": run.pool, "label": f"{run.base_model} (base)"}
+        steps = sorted(session.exec(select(RunCheckpoint.step).where(RunCheckpoint.run_id == run.id)).all())
+        if not steps:
+            raise EvaluationError(field, f"{field}: run {run.id} has no checkpoint yet")
+        step = subject.step if subject.step is not None else steps[-1]
+        if step not in steps:
+            raise EvaluationError(field, f"{field}: run {run.id} has no checkpoint at step {step}; it has {steps}")
+        return {**base, "step": step, "pool": run.pool, "label": f"{run.id} step {step}"}
+    from app.base_models import service as base_models
+
+    try:
+        base_models.resolve(session, subject.base_model or "")
+    except base_models.BaseModelError as exc:
+        raise EvaluationError(field, f"{field}: {exc}", missing=True) from exc
+    return {**base, "pool": get_settings().pool, "label": f"{subject.base_model} (base)"}
+
+
+def waiting_tasks(session: Session) -> list[queue.Waiting]:
+    rows = session.exec(
+        select(Evaluation.id, Evaluation.pool, Evaluation.updated_at).where(
+            Evaluation.status == EvaluationStatus.queued
+        )
+    ).all()
+    return [queue.Waiting(queue.RUN_EVALUATION, pool, id_, since) for id_, pool, since in rows]
+
+
+def list_evaluations(
+    session: Session, owner: User, *, run_id: str | None = None, limit: int = 100, offset: int = 0
+) -> list[Evaluation]:
+    return owned_page(session, Evaluation, owner, limit=limit, offset=offset, run_id=run_id)
+
+
+def get(session: Session, owner: User, evaluation_id: str) -> Evaluation | None:
+    return owned(session, Evaluation, owner, evaluation_id)
+
+
+def samples(
+    session: Session, evaluation: Evaluation, *, order: str = "position", limit: int = 100, offset: int = 0
+) -> tuple[list[EvaluationSample], int]:
+    """A page of the evaluation's samples, in eval-set order or ``spread`` first (where the subjects'
+    scores differ most), and how many there are."""
+    query = select(EvaluationSample).where(EvaluationSample.evaluation_id == evaluation.id)
+    if order == "spread":
+        query = query.order_by(col(EvaluationSample.spread).desc(), col(EvaluationSample.position))
+    else:
+        query = query.order_by(col(EvaluationSample.position))
+    rows = list(session.exec(query.offset(offset).limit(limit)).all())
+    total = session.exec(
+        select(func.count()).select_from(EvaluationSample).where(EvaluationSample.evaluation_id == evaluation.id)
+    ).one()
+    return rows, total
+
+
+def iter_samples(session: Session, evaluation_id: str, batch: int = 500) -> Iterable[EvaluationSample]:
+    """Every sample in eval-set order, a batch of rows at a time (a download of thousands)."""
+    last = -1
+    while True:
+        rows = session.exec(
+            select(EvaluationSample)
+            .where(EvaluationSample.evaluation_id == evaluation_id, col(EvaluationSample.position) > last)
+            .order_by(col(EvaluationSample.position))
+            .limit(batch)
+        ).all()
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].position
+
+
+def delete(session: Session, evaluation: Evaluation) -> None:
+    if evaluation.status == EvaluationStatus.running:
+        raise EvaluationError("status", f"evaluation {evaluation.id} is running; cancel it first", conflict=True)
+    session.exec(sql_delete(EvaluationSample).where(col(EvaluationSample.evaluation_id) == evaluation.id))
+    session.delete(evaluation)
+    session.commit()
+
+
+def cancel(session: Session, evaluation: Evaluation) -> Evaluation:
+    """A queued evaluation ends at once; a running one is flagged, and its worker stops asking at its next
+    beat, stops what it serves, and ends it ``cancelled``."""
+    if evaluation.status in TERMINAL:
+        raise EvaluationError("status", f"evaluation {evaluation.id} is already {evaluation.status}", conflict=True)
+    now = utcnow()
+    session.exec(
+        update(Evaluation).where(col(Evaluation.id) == evaluation.id).values(cancel_requested=True, updated_at=now)
+    )
+    session.exec(
+        update(Evaluation)
+        .where(col(Evaluation.id) == evaluation.id, col(Evaluation.status) == EvaluationStatus.queued)
+        .values(status=EvaluationStatus.cancelled, finished_at=now)
+    )
+    session.commit()
+    session.refresh(evaluation)
+    return evaluation
+
+
+# --- worker side --------------------------------------------------------------------------------
+
+
+def start(session: Session, evaluation_id: str, worker: str) -> Evaluation | None:
+    """The task takes the evaluation; None when it is not queued any more."""
+    evaluation = session.get(Evaluation, evaluation_id)
+    if evaluation is None or evaluation.status != EvaluationStatus.queued or evaluation.cancel_requested:
+        return None
+    now = utcnow()
+    if not claim(
+        session,
+        evaluation,
+        status=EvaluationStatus.running,
+        worker=worker,
+        heartbeat_at=now,
+        started_at=now,
+        updated_at=now,
+    ):
+        return None
+    return evaluation
+
+
+def checkpoint_artifact(session: Session, evaluation: Evaluation, subject: dict) -> Artifact:
+    """The merged artifact of a checkpoint subject: the one already made (or being made) if any, else a new
+    one, queued but with no task sent: the evaluation's worker builds it itself (a build task on the same
+    pool could wait behind the evaluation for a worker slot). Were that worker lost, the heartbeat's
+    re-send of lost tasks has another worker build it."""
+    from app.artifacts import service as artifacts
+
+    run = session.get_one(Run, subject["run_id"])
+    made = session.exec(
+        select(Artifact)
+        .where(
+            Artifact.run_id == run.id,
+            Artifact.kind == ArtifactKind.merged,
+            Artifact.checkpoint_step == subject["step"],
+            Artifact.status != ArtifactStatus.failed,
+        )
+        .order_by(col(Artifact.created_at).desc())
+    ).first()
+    return made or artifacts.new_merge(session, run, subject["step"])
+
+
+def running(session: Session, evaluation_ids: list[str]) -> set[str]:
+    """Those of these evaluations that are running (their subjects' model servers are theirs)."""
+    query = select(Evaluation.id).where(
+        col(Evaluation.id).in_(evaluation_ids), Evaluation.status == EvaluationStatus.running
+    )
+    return set(session.exec(query).all())
+
+
+def heartbeat(session: Session, evaluation_id: str, worker: str) -> str | None:
+    """Returns why the worker must stop: "cancel", "gone" (not its running evaluation any more), or None."""
+    beaten = session.exec(
+        update(Evaluation)
+        .where(
+            col(Evaluation.id) == evaluation_id,
+            col(Evaluation.status) == EvaluationStatus.running,
+            col(Evaluation.worker) == worker,
+        )
+        .values(heartbeat_at=utcnow())
+    ).rowcount
+    session.commit()
+    if not beaten:
+        return "gone"
+    cancelled = session.exec(select(Evaluation.cancel_requested).where(Evaluation.id == evaluation_id)).first()
+    session.commit()
+    return "cancel" if cancelled else None
+
+
+def fail_stale(session: Session, pool: str) -> list[str]:
+    """Fail this pool's running evaluations whose worker went silent (its samples so far stay)."""
+    settings = get_settings()
+    stale = session.exec(
+        select(Evaluation).where(
+            Evaluation.pool == pool,
+            Evaluation.status == EvaluationStatus.running,
+            col(Evaluation.heartbeat_at) < utcnow() - settings.stale_after,
+        )
+    ).all()
+    error = f"no heartbeat from its worker for {settings.stale_seconds:.0f}s: the worker was lost; run it again"
+    return [e.id for e in stale if _end(session, e, EvaluationStatus.failed, error)]
+
+
+def progress(
+    session: Session,
+    evaluation: Evaluation,
+    *,
+    phase: str | None = None,
+    done: int | None = None,
+    total: int | None = None,
+    chip_s: float = 0,
+) -> None:
+    """What the worker is doing, replies so far (``done``), replies to get once the eval set is read
+    (``total``: its conversations with a reference may be fewer than its valid rows), chip time held."""
+    values: dict[str, Any] = {"updated_at": utcnow()}
+    if total is not None:
+        values["samples_total"] = total
+    if phase is not None:
+        values["phase"] = phase[:200]
+    if done is not None:
+        values["samples_done"] = done
+    if chip_s:
+        values["chip_seconds"] = col(Evaluation.chip_seconds) + chip_s
+    session.exec(update(Evaluation).where(col(Evaluation.id) == evaluation.id).values(**values))
+    session.commit()
+    session.refresh(evaluation)
+
+
+def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Score every sample (``position``, ``messages``, ``reference``, ``outputs`` per subject key), store
+    them, and the summary per subject: each metric's mean with its 95% bootstrap interval. Returns it."""
+    config = evaluation.config
+    keys = [s["key"] for s in evaluation.subjects]
+    per_subject: dict[str, dict[str, list[float]]] = {k: {m: [] for m in config["metrics"]} for k in keys}
+    samples = []
+    for row in rows:
+        scores = {
+            k: metrics.score(row["outputs"][k], row["reference"], config["metrics"], config.get("regex")) for k in keys
+        }
+        for k, values in scores.items():
+            for m, v in values.items():
+                per_subject[k][m].append(v)
+        samples.append(
+            EvaluationSample(
+                evaluation_id=evaluation.id,
+                position=row["position"],
+                messages=row["messages"],
+                reference=row["reference"],
+                outputs=row["outputs"],
+                scores=scores,
+                spread=metrics.differ_most(scores),
+            )
+        )
+    summary: dict[str, Any] = {}
+    for k, by_metric in per_subject.items():
+        summary[k] = {}
+        for m, values in by_metric.items():
+            if values:
+                mean, low, high = metrics.bootstrap_ci(values)
+                summary[k][m] = {"mean": mean, "low": low, "high": high, "n": len(values)}
+    session.add_all(samples)
+    evaluation.summary = summary
+    evaluation.updated_at = utcnow()
+    session.add(evaluation)
+    session.commit()
+    return summary
+
+
+def finish(session: Session, evaluation: Evaluation) -> None:
+    _end(session, evaluation, EvaluationStatus.succeeded, None)
+
+
+def cancelled(session: Session, evaluation: Evaluation) -> None:
+    _end(session, evaluation, EvaluationStatus.cancelled, None)
+
+
+def fail(session: Session, evaluation: Evaluation, error: str) -> None:
+    _end(session, evaluation, EvaluationStatus.failed, error[:2000])
+
+
+def _end(session: Session, evaluation: Evaluation, status: EvaluationStatus, error: str | None) -> bool:
+    now = utcnow()
+    ended = session.exec(
+        update(Evaluation)
+        .where(col(Evaluation.id) == evaluation.id, col(Evaluation.status) == EvaluationStatus.running)
+        .values(status=status, error=error, phase=None, finished_at=now, updated_at=now)
+    ).rowcount
+    session.commit()
+    return bool(ended)

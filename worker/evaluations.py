@@ -1,0 +1,276 @@
+"""Running an evaluation (the `tunedeck.evaluations.run` task, on the evaluation's pool): each subject in
+turn is served (a run checkpoint: merged, if it is not yet, by this worker, then started with the pool's
+runtime, as an endpoint would be; a base model: started from its directory; a ready endpoint: used as it
+is), asked every prompt of the eval set, ``concurrency`` requests in flight so the model server batches
+them, and stopped. The replies are scored and stored at the end (``evaluations.record``).
+
+Replies are greedy (temperature 0) and not streamed. A thread beats the evaluation's heartbeat
+(``worker.beat.Beat``) and reads the user's cancel: the requests in flight are closed, the model server
+is stopped, and the evaluation ends ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import httpx
+from sqlmodel import Session
+
+from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
+from app.benchmarks.service import DEFAULT_MAX_MODEL_LEN
+from app.core.config import get_settings
+from app.core.db import session_scope
+from app.datasets import service as datasets
+from app.datasets.models import Dataset
+from app.datasets.validation import iter_conversations
+from app.endpoints import service as endpoints
+from app.endpoints.models import Endpoint, EndpointStatus
+from app.evaluations import service as evaluations
+from app.evaluations.models import Evaluation
+from app.pools.models import Pool
+from worker import artifacts as artifact_builds
+from worker import runtimes
+from worker.beat import Beat
+from worker.endpoints import free_port, log_path
+from worker.probe import auth
+from worker.runs import model_dir
+
+READY_TIMEOUT_S = 3600.0  # a vLLM start of a large model compiles for many minutes
+POLL_S = 0.5
+PROGRESS_EVERY_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):  # noqa: N818 - not an error: the evaluation was told to stop
+    pass
+
+
+def execute(evaluation_id: str, worker: str) -> None:
+    with session_scope() as session:
+        evaluation = evaluations.start(session, evaluation_id, worker)
+        if evaluation is None:
+            return
+        with Beat(evaluations.heartbeat, evaluation_id, worker) as beat:
+            try:
+                _run(session, evaluation, worker, beat.stop)
+            except Stopped:
+                if beat.reason == "cancel":
+                    evaluations.cancelled(session, evaluation)
+                else:
+                    log.warning("evaluation %s is no longer this worker's: it stopped", evaluation_id)
+            except Exception as exc:
+                evaluations.fail(session, evaluation, f"{type(exc).__name__}: {exc}")
+                raise
+
+
+def eval_set(session: Session, evaluation: Evaluation) -> list[dict[str, Any]]:
+    """The eval set's first ``max_samples`` conversations that end with an assistant message: the
+    messages before it are the prompt, it is the reference."""
+    dataset = session.get(Dataset, evaluation.dataset_id) if evaluation.dataset_id else None
+    if dataset is None:
+        raise RuntimeError(f"dataset {evaluation.dataset_id} was deleted")
+    rows: list[dict[str, Any]] = []
+    path = datasets.file_path(dataset)
+    for messages in iter_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format):
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last is None or not any(m["role"] == "user" for m in messages[:last]):
+            continue
+        rows.append({"position": len(rows), "messages": messages[:last], "reference": messages[last]["content"]})
+        if len(rows) == evaluation.config["max_samples"]:
+            break
+    if not rows:
+        raise RuntimeError(f"no conversation of dataset {dataset.id} ends with an assistant reply to a user")
+    return rows
+
+
+def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.Event) -> None:
+    rows = eval_set(session, evaluation)
+    for row in rows:
+        row["outputs"] = {}
+    total = len(rows) * len(evaluation.subjects)
+    evaluations.progress(session, evaluation, total=total)
+    done = 0
+    for subject in evaluation.subjects:
+        label = subject["label"]
+        evaluations.progress(session, evaluation, phase=f"serving {label}")
+        held = time.monotonic()
+        with served(session, evaluation, subject, worker, stop) as (url, key, model):
+            evaluations.progress(session, evaluation, phase=f"asking {label}")
+            replies = asyncio.run(
+                ask(
+                    url,
+                    model,
+                    [r["messages"] for r in rows],
+                    max_tokens=evaluation.config["max_tokens"],
+                    concurrency=evaluation.config["concurrency"],
+                    headers=auth(key),
+                    stop=stop,
+                    on_reply=_Progress(evaluation.id, done, len(rows)),
+                )
+            )
+        evaluations.progress(session, evaluation, chip_s=(time.monotonic() - held) * evaluation.chips)
+        for row, reply in zip(rows, replies, strict=True):
+            row["outputs"][subject["key"]] = reply
+        done += len(rows)
+    evaluations.progress(session, evaluation, phase="scoring", done=total)
+    evaluations.record(session, evaluation, rows)
+    evaluations.finish(session, evaluation)
+
+
+class _Progress:
+    """Counts a subject's replies (on the event loop) into the evaluation's ``samples_done``, written at
+    most every ``PROGRESS_EVERY_S`` and at the last reply, with a session of its own."""
+
+    def __init__(self, evaluation_id: str, before: int, replies: int) -> None:
+        self.evaluation_id, self.before, self.replies = evaluation_id, before, replies
+        self.written = 0.0
+
+    def __call__(self, answered: int) -> None:
+        if time.monotonic() - self.written >= PROGRESS_EVERY_S or answered == self.replies:
+            self.written = time.monotonic()
+            with session_scope() as session:
+                evaluation = session.get_one(Evaluation, self.evaluation_id)
+                evaluations.progress(session, evaluation, done=self.before + answered)
+
+
+@contextmanager
+def served(
+    session: Session, evaluation: Evaluation, subject: dict, worker: str, stop: threading.Event
+) -> Iterator[tuple[str, str | None, str]]:
+    """(url, key, model) of a model server answering for the subject while the block runs."""
+    if subject["kind"] == "endpoint":
+        endpoint = session.get(Endpoint, subject["endpoint_id"])
+        if endpoint is None or endpoint.status != EndpointStatus.ready or endpoint.url is None:
+            state = endpoint.status if endpoint else "deleted"
+            raise RuntimeError(f"endpoint {subject['endpoint_id']} is {state}: it was ready when asked to evaluate it")
+        yield endpoint.url, endpoint.api_key, endpoint.model
+        return
+    if subject["kind"] == "checkpoint":
+        artifact = _merged(session, evaluation, subject, worker, stop)
+    else:  # a base model, served from its own directory as a merged checkpoint would be
+        path, _ = model_dir(session, subject["base_model"])
+        artifact = Artifact(
+            id=f"{evaluation.id}-{subject['key']}",
+            owner_id=evaluation.owner_id,
+            run_id="",
+            kind=ArtifactKind.merged,
+            checkpoint_step=0,
+            name=subject["label"],
+        )
+        artifact.path = str(path)
+    pool = session.get(Pool, evaluation.pool)
+    if pool is None:
+        raise RuntimeError(f"pool {evaluation.pool} no longer exists")
+    # Not a row: an endpoint of the evaluation's own, which no one else can reach (its key is new)
+    endpoint = Endpoint(
+        id=f"{evaluation.id}-{subject['key']}",
+        owner_id=evaluation.owner_id,
+        artifact_id=artifact.id,
+        model=f"{evaluation.id}-{subject['key']}",
+        pool=pool.name,
+        runtime=endpoints.runtime_for(pool),
+        settings={"max_model_len": DEFAULT_MAX_MODEL_LEN, "max_num_seqs": evaluation.config["concurrency"]},
+        api_key=secrets.token_urlsafe(32),
+    )
+    host = get_settings().serve_host
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    server_log = log_path(endpoint.id)  # beside the endpoints' own logs
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    # Whole checkpoints only (a merge, or a base model): no adapter on a base to serve
+    server = runtimes.model_server(endpoint, artifact, pool, host=host, port=port, log=server_log, base_dir=None)
+    try:
+        server.start(lambda _phase: None)
+        _wait_ready(server, url, endpoint.api_key, stop)
+        yield url, endpoint.api_key, endpoint.model
+    finally:
+        server.stop()
+
+
+def _merged(session: Session, evaluation: Evaluation, subject: dict, worker: str, stop: threading.Event) -> Artifact:
+    """The checkpoint's merged artifact, built here if no one has yet, waited for if another worker is on it."""
+    artifact = evaluations.checkpoint_artifact(session, evaluation, subject)
+    if artifact.status == ArtifactStatus.queued:
+        evaluations.progress(session, evaluation, phase=f"merging {subject['label']}")
+        artifact_builds.execute(artifact.id, worker)  # nothing when another worker took it meanwhile
+    while True:
+        session.refresh(artifact)
+        if artifact.status == ArtifactStatus.succeeded:
+            return artifact
+        if artifact.status == ArtifactStatus.failed:
+            raise RuntimeError(f"the merge of {subject['label']} ({artifact.id}) failed: {artifact.error}")
+        if stop.wait(POLL_S):
+            raise Stopped
+
+
+def _wait_ready(server: runtimes.ModelServer, url: str, key: str | None, stop: threading.Event) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        reason = server.exit_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        try:
+            if httpx.get(f"{url}/health", headers=auth(key), timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if stop.wait(POLL_S):
+            raise Stopped
+    raise RuntimeError(f"the model server was not ready after {READY_TIMEOUT_S:.0f}s")
+
+
+async def ask(
+    url: str,
+    model: str,
+    prompts: list[list[dict]],
+    *,
+    max_tokens: int,
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
+    on_reply: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Each prompt's greedy reply, in order, at most ``concurrency`` requests in flight. A request that
+    fails raises (naming the prompt); ``stop`` closes those in flight and raises ``Stopped``."""
+    gate = asyncio.Semaphore(concurrency)
+    replies: list[str | None] = [None] * len(prompts)
+    answered = 0
+    timeout = aiohttp.ClientTimeout(total=None, connect=30)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers
+    ) as client:
+
+        async def one(i: int) -> None:
+            nonlocal answered
+            async with gate:
+                body = {"model": model, "messages": prompts[i], "max_tokens": max_tokens, "temperature": 0.0}
+                async with client.post(f"{url}/v1/chat/completions", json=body) as r:
+                    text = await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(
+                            f"sample {i}: HTTP {r.status} from {url}: {text[:300].decode(errors='replace')}"
+                        )
+                    message = (await r.json(content_type=None))["choices"][0]["message"]
+            replies[i] = message.get("content") or ""
+            answered += 1
+            if on_reply is not None:
+                on_reply(answered)
+
+        work = asyncio.ensure_future(asyncio.gather(*(one(i) for i in range(len(prompts)))))
+        while not work.done():
+            if stop is not None and stop.is_set():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                raise Stopped
+            await asyncio.wait({work}, timeout=0.1)
+        await work
+    return [r or "" for r in replies]
