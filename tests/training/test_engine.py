@@ -81,6 +81,44 @@ def test_learns_and_reports_every_step(Recorder, make_spec):
     assert any("applied LoRA" in line for line in rep.logs)
 
 
+def test_lora_is_applied_by_one_compiled_call_with_qwixs_own_values(make_spec, tiny_model):
+    """Qwix creates the LoRA params on a first forward pass. Run eagerly, that pass compiles each op on
+    its own (about 170 programs, 6 s of every run's start on a CPU); the engine runs it through nnx.jit,
+    and gets the values Qwix's own eager pass gives, to the bit."""
+    import jax
+    import qwix
+    from flax import nnx
+    from jax._src import dispatch, monitoring
+
+    from worker.training import models
+
+    spec = make_spec(lora_rank=4)
+    config = models.resolve_config(tiny_model, "tiny-gemma4")
+    base = models.load_base_model(tiny_model, config)
+    lowered = []
+
+    def count(event: str, _seconds: float, **_) -> None:
+        if event == dispatch.JAXPR_TO_MLIR_MODULE_EVENT:  # one per program compiled (or read from a cache)
+            lowered.append(event)
+
+    jax.clear_caches()
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        model, _ = engine.apply_lora(base, spec, models.RematConfig.NONE)
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert len(lowered) <= 10, f"{len(lowered)} programs compiled to apply LoRA"
+
+    provider = qwix.LoraProvider(
+        module_path=models.lora_module_path(spec.target_modules), rank=spec.lora_rank, alpha=spec.lora_alpha
+    )
+    reference = qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(spec.seed), **base.get_model_input())
+    ours, theirs = nnx.state(model, nnx.LoRAParam), nnx.state(reference, nnx.LoRAParam)
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_apply_lora(make_spec, tiny_model):
     """LoRA params on every target (bf16 base -> float32 LoRA), remat set on every module after."""
     import jax

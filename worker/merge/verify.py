@@ -81,13 +81,15 @@ def lora_model(
 def logits(model, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
     """Each prompt's logits (length, vocab) as float32, from one padded causal batch."""
     import jax.numpy as jnp
+    from flax import nnx
 
     width = max(len(p) for p in prompts)
     tokens = np.zeros((len(prompts), width), np.int32)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p  # right padding: causal attention keeps it out of the real positions
-    mask = jnp.tril(jnp.ones((width, width), bool))[None].repeat(len(prompts), axis=0)
-    out, _ = model(jnp.asarray(tokens), None, None, mask)
+    mask = np.tril(np.ones((width, width), bool))[None].repeat(len(prompts), axis=0)
+    # Compiled as one program: run eagerly, each op of the forward pass would compile on its own.
+    out, _ = nnx.jit(lambda m, t, a: m(t, None, None, a))(model, jnp.asarray(tokens), jnp.asarray(mask))
     out = np.asarray(out, np.float32)
     return [out[i, : len(p)] for i, p in enumerate(prompts)]
 

@@ -240,7 +240,14 @@ def apply_lora(model, spec: TrainSpec, remat: models.RematConfig):
     provider = qwix.LoraProvider(
         module_path=models.lora_module_path(spec.target_modules), rank=spec.lora_rank, alpha=spec.lora_alpha, **kwargs
     )
-    lora_model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(spec.seed), **model.get_model_input())
+    inputs = model.get_model_input()
+    lora_model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(spec.seed), skip_nnx_init=True, **inputs)
+    # Qwix creates the LoRA params on a first call, which it would run eagerly: each op compiled on its
+    # own (about 170 programs, seconds of every run's start). The same call through nnx.jit is one
+    # program, and sets the same values (Qwix's set-up and clean-up around the call, as it does them).
+    lora_model.set_attributes(qwix_rngs=nnx.Rngs(spec.seed), disable_quant_stats_update=True)
+    nnx.jit(lambda m, kw: m(**kw))(lora_model, inputs)
+    lora_model.set_attributes(qwix_rngs=None, disable_quant_stats_update=False)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(lora_model, nnx.LoRAParam)))
     if n_params == 0:
         raise RuntimeError(f"Qwix created no LoRA parameters for target modules {spec.target_modules}")
