@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -51,11 +50,12 @@ def test_first_start_prints_login_and_token_and_ctrl_c_hands_the_training_back(t
         run_id = api.post("/api/v1/runs", json={"dataset_id": demo_dataset(srv, api), "config": config}).json()["id"]
         srv.wait_for(lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] >= 3, timeout=120, what="training")
     finally:
-        ctrl_c = time.monotonic()
         code = stop_server(srv, keep_data=True)
+    # 0: every process stopped by itself, within the 20 s `up` gives them (it kills the rest, and exits 1).
+    # That the training saved a checkpoint where it was, rather than being killed by its supervisor once
+    # its own grace period ran out, shows in the resume below: from the step it was handed back at.
     assert code == 0, srv.log()[-3000:]
     assert "tunedeck: stopped" in srv.log()
-    assert time.monotonic() - ctrl_c < 15, "the worker should hand the run back, not wait out its grace period"
 
     # A second start keeps the data and prints no new secrets.
     again = start_server(
