@@ -35,12 +35,14 @@ def check_manifest(out: Path, result) -> dict:
 def greedy(model, prompt: list[int], steps: int) -> list[int]:
     """Greedy decoding over full forward passes (a causal mask hides the not-yet-written tail)."""
     import jax.numpy as jnp
+    from flax import nnx
 
     tokens = np.zeros((1, len(prompt) + steps), np.int32)
     tokens[0, : len(prompt)] = prompt
     mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None]
+    forward = nnx.jit(lambda m, t: m(t, None, None, mask)[0])  # one program, not one per op
     for i in range(len(prompt), tokens.shape[1]):
-        logits, _ = model(jnp.asarray(tokens), None, None, mask)
+        logits = forward(model, jnp.asarray(tokens))
         tokens[0, i] = int(np.argmax(logits[0, i - 1]))
     return tokens[0, len(prompt) :].tolist()
 

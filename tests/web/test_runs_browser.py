@@ -443,13 +443,13 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
 
 
 def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run, demo_dataset):
-    """Two checkpoints of the run and its base, evaluated through the API; the page follows it live to its
+    """The run's last checkpoint and its base, evaluated through the API (an earlier checkpoint, merged for
+    the evaluation, is tests/api/test_evaluations.py's); the page follows it live to its
     scores (a table with intervals, a chart) and its samples, reordered by where the subjects differ."""
     client = server.client()
     body = {
         "dataset_id": demo_dataset["id"],
         "subjects": [
-            {"kind": "checkpoint", "run_id": tiny_run["id"], "step": 20},
             {"kind": "checkpoint", "run_id": tiny_run["id"]},
             {"kind": "base", "run_id": tiny_run["id"]},
         ],
@@ -466,14 +466,14 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
     expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
     expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=TRAIN_TIMEOUT)
-    expect(page.locator("#progress-count")).to_have_text("18 of 18 replies")
+    expect(page.locator("#progress-count")).to_have_text("12 of 12 replies")
 
     scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
     rows = page.locator("#summary-table tbody tr")
-    expect(rows).to_have_count(3)
-    chrf = scores["s1"]["chrf"]
-    expect(rows.nth(1)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
-    expect(rows.nth(2)).to_contain_text("tiny-gemma4 (base)")
+    expect(rows).to_have_count(2)
+    chrf = scores["s0"]["chrf"]
+    expect(rows.nth(0)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
+    expect(rows.nth(1)).to_contain_text("tiny-gemma4 (base)")
     assert page.locator("#summary-chart").bounding_box()["height"] > 100
 
     samples = page.locator("#samples-table tbody tr")
