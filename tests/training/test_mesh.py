@@ -34,7 +34,7 @@ print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps}}))
 """
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4",
         "PYTHONPATH": str(ROOT),
         "TUNEDECK_JAX_CACHE_DIR": str(jax_cache_dir),
     }
