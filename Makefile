@@ -12,12 +12,14 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # The worker trains with JAX + Tunix + Qwix (the `train` extra); the web process never imports them.
+# --no-compile: Python compiles a module when it is first imported, not every file of every package now
+# (most of torch, JAX and TensorFlow's are never imported here): the install takes half as long.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[train]'
+	$(BIN)/pip install -q --no-compile -e '.[train]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,train]'
+	$(BIN)/pip install -q --no-compile -e '.[dev,train]'
 	touch $(VENV)/.installed $@
 
 run: $(VENV)/.installed  ## Tunedeck on embedded defaults: http://127.0.0.1:8000
