@@ -59,7 +59,7 @@ async def baseline(url: str, prompts: list[list[dict]], max_tokens: int, concurr
 def evaluation(url: str, prompts: list[list[dict]], references: list[str], max_tokens: int, concurrency: int):
     answered = []
     replies = asyncio.run(
-        ask(url, "bench", prompts, max_tokens=max_tokens, concurrency=concurrency, on_reply=answered.append)
+        ask(f"{url}/v1", "bench", prompts, max_tokens=max_tokens, concurrency=concurrency, on_reply=answered.append)
     )
     return [score(r, ref, METRICS) for r, ref in zip(replies, references, strict=True)], replies
 

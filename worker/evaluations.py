@@ -2,7 +2,10 @@
 turn is served (a run checkpoint: merged, if it is not yet, by this worker, then started with the pool's
 runtime, as an endpoint would be; a base model: started from its directory; a ready endpoint: used as it
 is), asked every prompt of the eval set, ``concurrency`` requests in flight so the model server batches
-them, and stopped. The replies are scored and stored at the end (``evaluations.record``).
+them, and stopped. With a judge (``Judge``), it is asked one short question before any subject is served
+(a judge that cannot answer fails the evaluation at once), and once every subject has answered, it grades
+each answer and, with pairwise judging, compares answers in both orders. The replies are scored and stored
+at the end (``evaluations.record``).
 
 Replies are greedy (temperature 0) and not streamed. A thread beats the evaluation's heartbeat
 (``worker.beat.Beat``) and reads the user's cancel: the requests in flight are closed, the model server
@@ -28,11 +31,13 @@ from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.benchmarks.service import DEFAULT_MAX_MODEL_LEN
 from app.core.config import get_settings
 from app.core.db import session_scope
+from app.core.security import unseal
 from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.datasets.validation import iter_conversations
 from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, EndpointStatus
+from app.evaluations import judge as judge_lib
 from app.evaluations import service as evaluations
 from app.evaluations.models import Evaluation
 from app.pools.models import Pool
@@ -95,8 +100,12 @@ def eval_set(session: Session, evaluation: Evaluation) -> list[dict[str, Any]]:
 def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.Event) -> None:
     rows = eval_set(session, evaluation)
     for row in rows:
-        row["outputs"] = {}
-    total = len(rows) * len(evaluation.subjects)
+        row["outputs"], row["judgements"] = {}, {}
+    judge = Judge.of(session, evaluation)
+    if judge is not None:  # before any subject is served: a judge that cannot answer fails it now
+        evaluations.progress(session, evaluation, phase="checking the judge")
+        judge.check()
+    total = len(rows) * evaluations.requests_per_sample(len(evaluation.subjects), evaluation.config["judge"])
     evaluations.progress(session, evaluation, total=total)
     done = 0
     for subject in evaluation.subjects:
@@ -107,7 +116,7 @@ def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.
             evaluations.progress(session, evaluation, phase=f"asking {label}")
             replies = asyncio.run(
                 ask(
-                    url,
+                    f"{url}/v1",
                     model,
                     [r["messages"] for r in rows],
                     max_tokens=evaluation.config["max_tokens"],
@@ -121,6 +130,9 @@ def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.
         for row, reply in zip(rows, replies, strict=True):
             row["outputs"][subject["key"]] = reply
         done += len(rows)
+    if judge is not None:
+        evaluations.progress(session, evaluation, phase="judging")
+        judge.judge(rows, [s["key"] for s in evaluation.subjects], stop, _Progress(evaluation.id, done, total - done))
     evaluations.progress(session, evaluation, phase="scoring", done=total)
     evaluations.record(session, evaluation, rows)
     evaluations.finish(session, evaluation)
@@ -228,6 +240,106 @@ def _wait_ready(server: runtimes.ModelServer, url: str, key: str | None, stop: t
     raise RuntimeError(f"the model server was not ready after {READY_TIMEOUT_S:.0f}s")
 
 
+class Judge:
+    """The evaluation's LLM judge: where it is asked, and what (``app.evaluations.judge``)."""
+
+    def __init__(self, config: dict[str, Any], base_url: str, key: str | None, concurrency: int) -> None:
+        self.config, self.base_url, self.key, self.concurrency = config, base_url, key, concurrency
+
+    @classmethod
+    def of(cls, session: Session, evaluation: Evaluation) -> Judge | None:
+        config = evaluation.config.get("judge")
+        if config is None:
+            return None
+        if config["endpoint_id"] is not None:
+            endpoint = session.get(Endpoint, config["endpoint_id"])
+            if endpoint is None or endpoint.status != EndpointStatus.ready or endpoint.url is None:
+                state = endpoint.status if endpoint else "deleted"
+                raise RuntimeError(f"the judge, endpoint {config['endpoint_id']}, is {state}")
+            return cls(config, f"{endpoint.url}/v1", endpoint.api_key, evaluation.config["concurrency"])
+        key = unseal(evaluation.judge_key) if evaluation.judge_key else None
+        return cls(config, config["url"].rstrip("/"), key, evaluation.config["concurrency"])
+
+    @property
+    def where(self) -> str:
+        return self.config["url"] or f"endpoint {self.config['endpoint_id']}"
+
+    def check(self) -> None:
+        """One short chat request: the judge answers, in OpenAI's chat format, or the evaluation fails
+        with what it answered instead."""
+        url = f"{self.base_url}/chat/completions"
+        body = {"model": self.config["model"], "messages": [{"role": "user", "content": "Reply with OK."}]}
+        try:
+            r = httpx.post(url, json={**body, "max_tokens": 4, "temperature": 0.0}, headers=auth(self.key), timeout=60)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"the judge at {self.where} did not answer: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            raise RuntimeError(f"the judge at {self.where} answered HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            content = r.json()["choices"][0]["message"]["content"]
+            if not isinstance(content, str | None):
+                raise TypeError(type(content).__name__)
+        except (ValueError, LookupError, TypeError):
+            raise RuntimeError(
+                f"the judge at {self.where} did not answer with an OpenAI chat completion: {r.text[:300]}"
+            ) from None
+
+    def judge(self, rows: list[dict], keys: list[str], stop: threading.Event, on_reply: Callable[[int], None]) -> None:
+        """Each subject's answer graded, and with ``pairwise`` the first subject's compared with each
+        other's in both orders; the verdicts go into each row's ``judgements``."""
+        rubric, prompt = self.config["rubric"], self.config["prompt"]
+        rows_by_position = {row["position"]: row for row in rows}
+        asks: list[tuple[dict, str, str | None, str]] = []  # (row, subject key or pair, order, prompt)
+        for row in rows:
+            for k in keys:
+                text = judge_lib.grading_prompt(rubric, prompt, row["messages"], row["reference"], row["outputs"][k])
+                asks.append((row, k, None, text))
+            if self.config["pairwise"]:
+                for pair in evaluations.pairs(keys):
+                    a, b = pair.split(":")
+                    first, second = row["outputs"][a], row["outputs"][b]
+                    asks.append(
+                        (
+                            row,
+                            pair,
+                            "A first",
+                            judge_lib.pairwise_prompt(rubric, prompt, row["messages"], row["reference"], first, second),
+                        )
+                    )
+                    asks.append(
+                        (
+                            row,
+                            pair,
+                            "B first",
+                            judge_lib.pairwise_prompt(rubric, prompt, row["messages"], row["reference"], second, first),
+                        )
+                    )
+        replies = asyncio.run(
+            ask(
+                self.base_url,
+                self.config["model"],
+                [[{"role": "user", "content": text}] for *_, text in asks],
+                max_tokens=self.config["max_tokens"],
+                concurrency=self.concurrency,
+                headers=auth(self.key),
+                stop=stop,
+                on_reply=on_reply,
+                keep_refusals=True,
+            )
+        )
+        verdicts: dict[tuple[int, str], list[str]] = {}
+        for (row, name, order, _), reply in zip(asks, replies, strict=True):
+            if order is None:
+                parsed = judge_lib.parse_score(reply)
+                row["judgements"][name] = (
+                    {"score": parsed[0], "reason": parsed[1]} if parsed else {"unparsable": reply[:2000]}
+                )
+            else:  # "A first", then "B first"
+                verdicts.setdefault((row["position"], name), []).append(reply)
+        for (position, pair), (a_first, b_first) in verdicts.items():
+            rows_by_position[position]["judgements"][pair] = judge_lib.pair_outcome(a_first, b_first)
+
+
 async def ask(
     url: str,
     model: str,
@@ -238,9 +350,13 @@ async def ask(
     headers: dict[str, str] | None = None,
     stop: threading.Event | None = None,
     on_reply: Callable[[int], None] | None = None,
+    keep_refusals: bool = False,
 ) -> list[str]:
-    """Each prompt's greedy reply, in order, at most ``concurrency`` requests in flight. A request that
-    fails raises (naming the prompt); ``stop`` closes those in flight and raises ``Stopped``."""
+    """Each prompt's greedy reply from the OpenAI-compatible server at ``url`` (its base URL, ``.../v1``),
+    in order, at most ``concurrency`` requests in flight. A request that fails raises (naming the
+    prompt), except, with ``keep_refusals``, one the server refuses as a bad request (a 4xx but 401,
+    403 and 404): its reply is then "(refused: ...)", which a judge's verdict is counted unparsable for;
+    ``stop`` closes those in flight and raises ``Stopped``."""
     gate = asyncio.Semaphore(concurrency)
     replies: list[str | None] = [None] * len(prompts)
     answered = 0
@@ -253,8 +369,15 @@ async def ask(
             nonlocal answered
             async with gate:
                 body = {"model": model, "messages": prompts[i], "max_tokens": max_tokens, "temperature": 0.0}
-                async with client.post(f"{url}/v1/chat/completions", json=body) as r:
+                async with client.post(f"{url}/chat/completions", json=body) as r:
                     text = await r.read()
+                    if keep_refusals and 400 <= r.status < 500 and r.status not in (401, 403, 404):
+                        # This prompt refused (too long for the judge's context, say): its reply, the refusal
+                        replies[i] = f"(refused: HTTP {r.status}: {text[:300].decode(errors='replace')})"
+                        answered += 1
+                        if on_reply is not None:
+                            on_reply(answered)
+                        return
                     if r.status != 200:
                         raise RuntimeError(
                             f"sample {i}: HTTP {r.status} from {url}: {text[:300].decode(errors='replace')}"

@@ -1,9 +1,12 @@
-"""Password hashing and API-token minting. Tokens are random and stored only as sha256.
+"""Password hashing, API-token minting, and secrets kept for later use. Tokens are random and stored only
+as sha256; a secret Tunedeck must send on (a judge's API key) is sealed with Fernet under a key derived
+from the session secret, so the database alone does not give it away.
 
 An argon2 check takes 64 MiB and tens of milliseconds of a core on purpose: in the web process they run
 through `check_password`/`make_password`, a few at a time (TUNEDECK_PASSWORD_CHECKS) in threads of their
 own, so a burst of logins neither takes every request thread nor the memory of one check per request."""
 
+import base64
 import hashlib
 import secrets
 from functools import cache
@@ -71,3 +74,25 @@ def bearer_secret(header: str) -> str | None:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(10)}"
+
+
+def _fernet():
+    from cryptography.fernet import Fernet
+
+    digest = hashlib.sha256(b"tunedeck secrets\0" + get_settings().session_secret().encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def seal(secret: str) -> str:
+    """``secret`` encrypted and authenticated, to store; ``unseal`` gives it back."""
+    return _fernet().encrypt(secret.encode()).decode()
+
+
+def unseal(sealed: str) -> str:
+    """What ``seal`` sealed. Raises ValueError when it was sealed under another session secret."""
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return _fernet().decrypt(sealed.encode()).decode()
+    except InvalidToken:
+        raise ValueError("a stored secret cannot be read: TUNEDECK_SECRET_KEY changed since it was stored") from None

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import SecretStr, field_validator, model_validator
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
 from sqlmodel import AutoString, Field, SQLModel
 
@@ -51,6 +51,38 @@ class Subject(Schema):
         return self
 
 
+class JudgeConfig(Schema):
+    """An LLM judge: a ready endpoint of yours (``endpoint_id``), or any OpenAI-compatible server (``url``,
+    its base URL as OpenAI's SDK takes it, e.g. ``https://api.openai.com/v1``, with ``model`` and an
+    ``api_key``, kept sealed and never shown again). It grades each subject's answers with a built-in
+    ``rubric`` or a ``prompt`` of your own (``{question}``, ``{reference}``, ``{answer}``, ``{system}`` are
+    filled in), and with ``pairwise``, compares the first subject with each other one, in both orders."""
+
+    endpoint_id: str | None = Field(default=None, max_length=ID_LENGTH)
+    url: str | None = Field(default=None, max_length=2000)
+    model: str | None = Field(default=None, max_length=NAME_LENGTH)
+    api_key: SecretStr | None = Field(default=None, max_length=4000)
+    rubric: str | None = Field(default="correctness", max_length=64)
+    prompt: str | None = Field(default=None, max_length=20_000)
+    pairwise: bool = False
+    max_tokens: int = Field(default=256, ge=16, le=4096, description="tokens per verdict at most")
+
+    @model_validator(mode="after")
+    def _one_judge(self):
+        if (self.endpoint_id is None) == (self.url is None):
+            raise ValueError("a judge is either an endpoint of yours (endpoint_id) or a server (url)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("a judge's url starts with http:// or https://")
+        if self.url is not None and not self.model:
+            raise ValueError("a judge at a url names the model to ask there")
+        if self.endpoint_id is not None and (self.model or self.api_key):
+            raise ValueError("an endpoint judge is asked with its own model and key: leave model and api_key out")
+        from app.evaluations.judge import check_rubric
+
+        check_rubric(self.rubric, self.prompt)
+        return self
+
+
 class EvaluationConfig(Schema):
     """How the subjects are asked and scored. Replies are greedy (temperature 0), so a score is a property
     of the model and not of a draw."""
@@ -64,6 +96,7 @@ class EvaluationConfig(Schema):
     max_samples: int = Field(default=200, ge=1, le=10_000, description="the eval set's first N conversations")
     max_tokens: int = Field(default=128, ge=1, le=8192, description="tokens per reply at most")
     concurrency: int = Field(default=8, ge=1, le=256, description="requests in flight per subject")
+    judge: JudgeConfig | None = None
 
     @field_validator("metrics")
     @classmethod
@@ -119,6 +152,7 @@ class Evaluation(SQLModel, table=True):
     worker: str | None = Field(default=None, max_length=255)
     heartbeat_at: datetime | None = None
     cancel_requested: bool = False
+    judge_key: str | None = None  # the judge's API key, sealed (app.core.security.seal); never shown
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -138,6 +172,9 @@ class EvaluationSample(SQLModel, table=True):
     outputs: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     scores: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     spread: float = 0.0  # the largest difference between two subjects' scores of one metric
+    # The judge's verdicts: per subject key {"score", "reason"} or {"unparsable": its reply}; per pair
+    # ("s0:s1") {"orders": [verdict A first, verdict B first], "outcome", "reasons"} or {"unparsable": ...}.
+    judgements: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 
 
 class EvaluationPublic(SQLModel):
@@ -175,6 +212,7 @@ class EvaluationSamplePublic(SQLModel):
     outputs: dict[str, Any]
     scores: dict[str, Any]
     spread: float
+    judgements: dict[str, Any]
 
 
 class EvaluationSamplesPublic(SQLModel):

@@ -20,9 +20,10 @@ from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
 from app.core.echo import echo
 from app.core.errors import FieldError
-from app.core.security import new_id
+from app.core.security import new_id, seal
 from app.datasets.models import Dataset, DatasetStatus
 from app.endpoints.models import Endpoint, EndpointStatus
+from app.evaluations import judge as judge_lib
 from app.evaluations import metrics
 from app.evaluations.models import (
     TERMINAL,
@@ -79,6 +80,7 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         raise EvaluationError(
             "subjects", f"the checkpoints and base models to serve are on pools {sorted(served_pools)}: one at a time"
         )
+    judge, judge_key = _judge(session, owner, data)
     where = pool or next(iter(served_pools), None) or next(iter(sorted(endpoint_pools)), None)
     pool_row = session.get(Pool, where) if where else None
     if pool_row is None:
@@ -94,13 +96,47 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         chips=pool_row.chips,
         price_per_chip_hour=pool_row.price_per_chip_hour,
         subjects=subjects,
-        config=data.model_dump(include=set(type(data).model_fields) - {"subjects", "dataset_id"}),
-        samples_total=min(data.max_samples, dataset.valid_rows) * len(subjects),
+        config={
+            **data.model_dump(include=set(type(data).model_fields) - {"subjects", "dataset_id", "judge"}),
+            "judge": judge,
+        },
+        judge_key=judge_key,
+        samples_total=min(data.max_samples, dataset.valid_rows) * requests_per_sample(len(subjects), judge),
     )
     session.add(evaluation)
     session.commit()
     queue.send_task(queue.RUN_EVALUATION, evaluation.id, queue=evaluation.pool)
     return evaluation
+
+
+def requests_per_sample(subjects: int, judge: dict[str, Any] | None) -> int:
+    """Replies an evaluation gets per sample: each subject's, each judge's grade of them, and with
+    pairwise judging, two verdicts (both orders) for each pair of the first subject and another."""
+    if judge is None:
+        return subjects
+    return 2 * subjects + (2 * (subjects - 1) if judge["pairwise"] else 0)
+
+
+def _judge(session: Session, owner: User, data: EvaluationCreate) -> tuple[dict[str, Any] | None, str | None]:
+    """The judge as stored in the config (its key apart, sealed), checked: an endpoint judge must be
+    the caller's and ready; pairwise needs two subjects."""
+    if data.judge is None:
+        return None, None
+    judge = data.judge.model_dump(exclude={"api_key"})
+    if data.judge.endpoint_id is not None:
+        endpoint = session.get(Endpoint, data.judge.endpoint_id)
+        if endpoint is None or endpoint.owner_id != owner.id:
+            raise EvaluationError(
+                "judge.endpoint_id", f"endpoint {echo(data.judge.endpoint_id)} not found", missing=True
+            )
+        if endpoint.status != EndpointStatus.ready:
+            raise EvaluationError("judge.endpoint_id", f"endpoint {endpoint.id} is {endpoint.status}; a judge is ready")
+        judge["model"] = endpoint.model
+    if data.judge.pairwise and len(data.subjects) < 2:
+        raise EvaluationError("judge.pairwise", "pairwise judging compares subjects: give at least two")
+    key = data.judge.api_key.get_secret_value() if data.judge.api_key else None
+    judge["api_key"] = "(set)" if key else None
+    return judge, (seal(key) if key else None)
 
 
 def _resolve(session: Session, owner: User, subject: Subject, field: str) -> dict[str, Any]:
@@ -325,19 +361,31 @@ def progress(
 
 
 def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Score every sample (``position``, ``messages``, ``reference``, ``outputs`` per subject key), store
-    them, and the summary per subject: each metric's mean with its 95% bootstrap interval. Returns it."""
+    """Score every sample (``position``, ``messages``, ``reference``, ``outputs`` per subject key, and with a
+    judge its ``judgements``), store them, and the summary per subject: each metric's mean with its 95%
+    bootstrap interval (the judge's grade as metric ``judge``, with the count of ``unparsable`` verdicts),
+    and under ``pairwise``, per pair, win/tie/loss rates of the first subject with Wilson intervals."""
     config = evaluation.config
     keys = [s["key"] for s in evaluation.subjects]
     per_subject: dict[str, dict[str, list[float]]] = {k: {m: [] for m in config["metrics"]} for k in keys}
+    unparsable: dict[str, int] = {}
+    outcomes: dict[str, list[str]] = {}
     samples = []
     for row in rows:
+        judgements = row.get("judgements", {})
         scores = {
             k: metrics.score(row["outputs"][k], row["reference"], config["metrics"], config.get("regex")) for k in keys
         }
+        for name, verdict in judgements.items():
+            if "unparsable" in verdict:
+                unparsable[name] = unparsable.get(name, 0) + 1
+            elif name in scores:
+                scores[name]["judge"] = judge_lib.normalized(verdict["score"])
+            else:
+                outcomes.setdefault(name, []).append(verdict["outcome"])
         for k, values in scores.items():
             for m, v in values.items():
-                per_subject[k][m].append(v)
+                per_subject[k].setdefault(m, []).append(v)
         samples.append(
             EvaluationSample(
                 evaluation_id=evaluation.id,
@@ -347,6 +395,7 @@ def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]])
                 outputs=row["outputs"],
                 scores=scores,
                 spread=metrics.differ_most(scores),
+                judgements=judgements,
             )
         )
     summary: dict[str, Any] = {}
@@ -356,12 +405,27 @@ def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]])
             if values:
                 mean, low, high = metrics.bootstrap_ci(values)
                 summary[k][m] = {"mean": mean, "low": low, "high": high, "n": len(values)}
+        if config.get("judge"):
+            summary[k].setdefault("judge", {"n": 0})["unparsable"] = unparsable.get(k, 0)
+    if config.get("judge") and config["judge"]["pairwise"]:
+        summary["pairwise"] = {
+            pair: {
+                **(metrics.pairwise(outcomes[pair]) if outcomes.get(pair) else {"n": 0}),
+                "unparsable": unparsable.get(pair, 0),
+            }
+            for pair in pairs(keys)
+        }
     session.add_all(samples)
     evaluation.summary = summary
     evaluation.updated_at = utcnow()
     session.add(evaluation)
     session.commit()
     return summary
+
+
+def pairs(keys: list[str]) -> list[str]:
+    """The pairs a pairwise judge compares: the first subject with each other one ("s0:s1", ...)."""
+    return [f"{keys[0]}:{k}" for k in keys[1:]]
 
 
 def finish(session: Session, evaluation: Evaluation) -> None:

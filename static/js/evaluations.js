@@ -37,7 +37,9 @@
   const initial = JSON.parse($("evaluation-data").textContent);
   const base = "/api/v1/evaluations/" + encodeURIComponent(initial.id);
   const R = window.TDRuns;
-  const metrics = initial.config.metrics;
+  const judged = Boolean(initial.config.judge);
+  // The judge's grade is a metric like the others (on the same 0-1 scale), when there is a judge.
+  const metrics = initial.config.metrics.concat(judged ? ["judge"] : []);
   const labels = Object.fromEntries(initial.subjects.map((s) => [s.key, s.label]));
   let chart = null;
   let current = initial;
@@ -69,9 +71,28 @@
       el("td", {}, labels[k]),
       metrics.map((m) => {
         const s = e.summary[k][m];
-        return el("td", { className: "num", title: s ? "n = " + s.n : "" }, s ? pct(s.mean) + " [" + pct(s.low) + "–" + pct(s.high) + "]" : "–");
+        const shown = s && s.n ? pct(s.mean) + " [" + pct(s.low) + "–" + pct(s.high) + "]" : "–";
+        const bad = s && s.unparsable ? el("span", { className: "faint", title: "verdicts the judge did not give as asked" }, " · " + s.unparsable + " unparsable") : null;
+        return el("td", { className: "num", title: s ? "n = " + s.n : "" }, shown, bad);
       }))));
+    renderPairwise(e);
     drawChart(e, keys);
+  }
+
+  function renderPairwise(e) {
+    const pairs = Object.entries(e.summary.pairwise || {});
+    $("pairwise-card").hidden = !pairs.length;
+    if (!pairs.length) return;
+    const rate = (p, what) => pct(p[what + "_rate"]) + (p[what + "_rate_ci"] ? " [" + pct(p[what + "_rate_ci"][0]) + "–" + pct(p[what + "_rate_ci"][1]) + "]" : "");
+    $("pairwise-table").tBodies[0].replaceChildren(...pairs.map(([pair, p]) => {
+      const [a, b] = pair.split(":");
+      return el("tr", { dataset: { pair } },
+        el("td", {}, labels[a] + " vs " + labels[b]),
+        el("td", { className: "num" }, p.n ? rate(p, "win") : "–"),
+        el("td", { className: "num" }, p.n ? pct(p.tie_rate) : "–"),
+        el("td", { className: "num" }, p.n ? rate(p, "loss") : "–"),
+        el("td", { className: "num" }, String(p.unparsable)));
+    }));
   }
 
   function drawChart(e, keys) {
@@ -79,7 +100,7 @@
     if (!select.options.length) {
       select.replaceChildren(...metrics.map((m) => el("option", { value: m }, m)));
       // Shown first: the metric on which the subjects differ most.
-      const gap = (m) => { const v = keys.map((k) => e.summary[k][m].mean); return Math.max(...v) - Math.min(...v); };
+      const gap = (m) => { const v = keys.map((k) => (e.summary[k][m] || {}).mean || 0); return Math.max(...v) - Math.min(...v); };
       select.value = metrics.reduce((best, m) => (gap(m) > gap(best) ? m : best), metrics[0]);
       select.addEventListener("change", () => drawChart(current, keys));
     }
@@ -88,8 +109,8 @@
     const data = {
       labels: keys.map((k) => labels[k]),
       datasets: [
-        { label: "95% interval", data: keys.map((k) => [100 * e.summary[k][m].low, 100 * e.summary[k][m].high]), backgroundColor: R.alpha(R.color(1), 0.35), barPercentage: 0.5 },
-        { label: "mean", data: keys.map((k) => 100 * e.summary[k][m].mean), backgroundColor: R.color(0), barPercentage: 0.15 },
+        { label: "95% interval", data: keys.map((k) => (e.summary[k][m] || {}).n ? [100 * e.summary[k][m].low, 100 * e.summary[k][m].high] : null), backgroundColor: R.alpha(R.color(1), 0.35), barPercentage: 0.5 },
+        { label: "mean", data: keys.map((k) => (e.summary[k][m] || {}).n ? 100 * e.summary[k][m].mean : null), backgroundColor: R.color(0), barPercentage: 0.15 },
       ],
     };
     if (!chart) {
@@ -107,6 +128,12 @@
     }
   }
 
+  function verdict(j) {
+    if (!j) return null;
+    if ("unparsable" in j) return el("div", { className: "small faint", title: j.unparsable }, "judge: unparsable");
+    return el("div", { className: "small" }, "judge " + j.score + "/10: " + j.reason);
+  }
+
   async function loadSamples(reset) {
     if (reset) samplesShown = 0;
     const order = $("samples-order").value;
@@ -121,7 +148,8 @@
       el("td", { className: "small" }, s.reference),
       keys.map((k) => el("td", { className: "small", title: Object.entries(s.scores[k]).map(([m, v]) => m + " " + pct(v)).join(", ") },
         el("div", {}, s.outputs[k]),
-        el("div", { className: "faint mono" }, metrics.map((m) => m + " " + pct(s.scores[k][m])).join(" · ")))),
+        el("div", { className: "faint mono" }, metrics.filter((m) => m in s.scores[k]).map((m) => m + " " + pct(s.scores[k][m])).join(" · ")),
+        verdict(s.judgements[k]))),
       el("td", { className: "num" }, pct(s.spread))));
     if (reset) table.tBodies[0].replaceChildren(...rows);
     else table.tBodies[0].append(...rows);

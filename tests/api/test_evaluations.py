@@ -3,11 +3,18 @@ run's pool, asked the demo set's prompts, scored against its references; samples
 downloadable; bad requests named and changing nothing."""
 
 import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import psutil
+import pytest
 import sacrebleu
+from prometheus_client.parser import text_string_to_metric_families
 from rouge_score import rouge_scorer
 
+from tests.api.test_endpoints import model_server, wait_endpoint
 from tests.conftest import make_user, wait_dataset
 
 METRICS = ["exact_match", "normalized_exact_match", "chrf", "rouge_l"]
@@ -104,6 +111,13 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         ({"subjects": [{"kind": "endpoint"}]}, "subjects", "names its endpoint_id"),
         ({"subjects": []}, "subjects", "at least 1"),
         ({"max_samples": 0}, "max_samples", "greater than or equal to 1"),
+        ({"judge": {"url": "http://127.0.0.1:9/v1"}}, "judge", "names the model to ask there"),
+        ({"judge": {"url": "ftp://x", "model": "m"}}, "judge", "starts with http:// or https://"),
+        ({"judge": {"endpoint_id": "ep-1", "url": "http://x/v1", "model": "m"}}, "judge", "either an endpoint"),
+        ({"judge": {"endpoint_id": "ep-1", "api_key": "k"}}, "judge", "its own model and key"),
+        ({"judge": {"url": "http://x/v1", "model": "m", "rubric": "kindness"}}, "judge", "unknown rubric 'kindness'"),
+        ({"judge": {"url": "http://x/v1", "model": "m", "prompt": "Good?"}}, "judge", "put {answer} in it"),
+        ({"judge": {"url": "http://x/v1", "model": "m", "pairwise": True}}, "judge.pairwise", "at least two"),
     ):
         r = api.post("/api/v1/evaluations", json={**ok, **change})
         assert r.status_code == 422, (change, r.text)
@@ -131,5 +145,187 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         "/api/v1/evaluations", json={"dataset_id": mine, "subjects": [{"kind": "endpoint", "endpoint_id": "ep-x"}]}
     )
     assert r.status_code == 404, r.text
+    r = other.post(
+        "/api/v1/evaluations",
+        json={
+            "dataset_id": mine,
+            "subjects": [{"kind": "base", "base_model": "tiny-gemma4"}],
+            "judge": {"endpoint_id": "ep-x"},
+        },
+    )
+    assert r.status_code == 404 and "endpoint 'ep-x' not found" in r.json()["detail"], r.text  # the judge
     assert other.get("/api/v1/evaluations").json()["count"] == 0
     assert api.get("/api/v1/evaluations").json()["count"] == before
+
+
+@pytest.fixture(scope="module")
+def judge_endpoint(server, api, artifact) -> dict:
+    """A ready endpoint of the tiny model, to be the judge (and a subject); stopped after the module."""
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 1024, "max_num_seqs": 8})
+    assert r.status_code == 201, r.text
+    endpoint = wait_endpoint(server, api, r.json()["id"], ("ready", "failed"))
+    assert endpoint["status"] == "ready", endpoint["error"]
+    yield endpoint
+    api.post(f"/api/v1/endpoints/{endpoint['id']}/stop")
+    wait_endpoint(server, api, endpoint["id"], ("stopped", "failed"))
+
+
+def finished_requests(endpoint: dict) -> float:
+    """Requests the endpoint's model server has answered (vllm:request_success_total, every reason)."""
+    key = model_server(endpoint).environ()["VLLM_API_KEY"]
+    text = httpx.get(f"{endpoint['url']}/metrics", headers={"Authorization": f"Bearer {key}"}).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vllm:request_success_total"
+    )
+
+
+def test_a_judge_endpoint_grades_every_answer_and_compares_answers_in_both_orders(
+    server, api, trained_run, judge_endpoint
+):
+    """Another Tunedeck endpoint as the judge: the tiny model's verdicts are noise, so what is checked is
+    the plumbing. Every answer is graded, each pair judged in both orders, every verdict read or counted
+    as unparsable, and the judge asked exactly that often."""
+    before = finished_requests(judge_endpoint)
+    body = {
+        "dataset_id": trained_run["dataset_id"],
+        "subjects": [
+            {"kind": "endpoint", "endpoint_id": judge_endpoint["id"]},
+            {"kind": "base", "run_id": trained_run["id"]},
+        ],
+        "metrics": ["exact_match"],
+        "max_samples": 4,
+        "max_tokens": 8,
+        "judge": {"endpoint_id": judge_endpoint["id"], "pairwise": True, "max_tokens": 24},
+    }
+    r = api.post("/api/v1/evaluations", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["samples_total"] == 4 * (2 + 2 + 2)  # replies, grades, verdicts in both orders
+    ev = wait_evaluation(server, api, r.json()["id"])
+    assert ev["status"] == "succeeded", (ev["error"], server.log()[-3000:])
+    # As a subject 4 replies; as the judge 1 check, 2 x 4 grades, 2 x 4 pairwise verdicts (the endpoint's
+    # prober adds its own requests: at least these; exactly these is the next test's, at a judge of its own).
+    assert ev["samples_done"] == 24 and finished_requests(judge_endpoint) - before >= 4 + 1 + 8 + 8
+
+    for key in ("s0", "s1"):
+        graded = ev["summary"][key]["judge"]
+        assert graded["n"] + graded["unparsable"] == 4, graded
+    pair = ev["summary"]["pairwise"]["s0:s1"]
+    assert pair["n"] + pair["unparsable"] == 4, pair
+    samples = api.get(f"/api/v1/evaluations/{ev['id']}/samples").json()["data"]
+    for s in samples:
+        assert set(s["judgements"]) == {"s0", "s1", "s0:s1"}
+        for key in ("s0", "s1"):
+            verdict = s["judgements"][key]
+            assert ("unparsable" in verdict) != ("score" in verdict and "judge" in s["scores"][key]), verdict
+        compared = s["judgements"]["s0:s1"]
+        assert len(compared.get("unparsable") or compared["orders"]) == 2, compared
+
+
+class _Judge(BaseHTTPRequestHandler):
+    """An OpenAI-compatible judge of the test's own: it grades 6, but answers in words where the
+    question begins "Which city"; it always prefers whichever answer it is shown first (position bias).
+    Under /html/ it answers a web page instead."""
+
+    seen: list[tuple[str, dict]] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Judge.seen.append((self.headers.get("Authorization", ""), body))
+        if self.path.startswith("/html/"):
+            return self._send(b"<html><body>Welcome</body></html>", "text/html")
+        prompt = body["messages"][-1]["content"]
+        if prompt == "Reply with OK.":
+            content = "OK"
+        elif '"winner"' in prompt:
+            content = json.dumps({"winner": "A", "reason": "the first one reads better"})
+        elif "Which city" in prompt:
+            content = "It deserves a 7."
+        else:
+            content = json.dumps({"score": 6, "reason": "mostly right"})
+        reply = {"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        ]}  # fmt: skip
+        self._send(json.dumps(reply).encode(), "application/json")
+
+    def _send(self, data: bytes, kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def judge_url():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_a_judge_at_a_url_gets_its_key_unseen_and_its_verdicts_read_strictly(
+    server, api, trained_run, judge_endpoint, judge_url
+):
+    _Judge.seen.clear()
+    body = {
+        "dataset_id": trained_run["dataset_id"],
+        "subjects": [{"kind": "endpoint", "endpoint_id": judge_endpoint["id"]}] * 2,
+        "metrics": ["exact_match"],
+        "max_samples": 6,
+        "max_tokens": 8,
+        "judge": {"url": f"{judge_url}/v1", "model": "grader", "api_key": "sk-judge-secret", "pairwise": True},
+    }
+    r = api.post("/api/v1/evaluations", json=body)
+    assert r.status_code == 201, r.text
+    ev = wait_evaluation(server, api, r.json()["id"])
+    assert ev["status"] == "succeeded", (ev["error"], server.log()[-3000:])
+    # The key reached the judge, and nobody else: never in a reply, sealed in the database.
+    assert ev["config"]["judge"]["api_key"] == "(set)"
+    assert {auth for auth, _ in _Judge.seen} == {"Bearer sk-judge-secret"}
+    assert {b["model"] for _, b in _Judge.seen} == {"grader"} and len(_Judge.seen) == 1 + 6 * 2 + 6 * 2
+    for reply in (r.text, api.get(f"/api/v1/evaluations/{ev['id']}").text, api.get("/api/v1/evaluations").text):
+        assert "sk-judge-secret" not in reply
+    ((sealed,),) = server.sql("SELECT judge_key FROM evaluations WHERE id = :id", id=ev["id"])
+    assert sealed and "sk-judge-secret" not in sealed
+
+    samples = api.get(f"/api/v1/evaluations/{ev['id']}/samples").json()["data"]
+    worded = sum("Which city" in s["messages"][-1]["content"] for s in samples)
+    assert 0 < worded < 6, "the demo set asks its questions in several ways"
+    for key in ("s0", "s1"):
+        graded = ev["summary"][key]["judge"]
+        assert (graded["n"], graded["unparsable"]) == (6 - worded, worded)
+        assert graded["mean"] == pytest.approx(5 / 9)  # a 6 of 1-10 on the [0, 1] scale
+    for s in samples:
+        if "Which city" in s["messages"][-1]["content"]:
+            assert s["judgements"]["s0"] == {"unparsable": "It deserves a 7."}
+        else:
+            assert s["judgements"]["s0"] == {"score": 6, "reason": "mostly right"}
+    # A judge that always picks the answer shown first is right about neither: every pair is a tie.
+    pair = ev["summary"]["pairwise"]["s0:s1"]
+    assert (pair["n"], pair["tie"], pair["unparsable"]) == (6, 6, 0) and pair["win_rate_ci"][0] == 0.0
+    assert all(s["judgements"]["s0:s1"]["orders"] == ["A", "B"] for s in samples)
+
+
+def test_a_judge_that_cannot_answer_fails_the_evaluation_before_any_subject_is_served(
+    server, api, trained_run, judge_url
+):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    for url, words in ((closed, "did not answer: ConnectError"), (f"{judge_url}/html/v1", "OpenAI chat completion")):
+        body = {
+            "dataset_id": trained_run["dataset_id"],
+            "subjects": [{"kind": "base", "run_id": trained_run["id"]}],
+            "judge": {"url": url, "model": "grader"},
+        }
+        r = api.post("/api/v1/evaluations", json=body)
+        assert r.status_code == 201, r.text
+        ev = wait_evaluation(server, api, r.json()["id"], timeout=60)
+        assert ev["status"] == "failed" and f"the judge at {url}" in ev["error"] and words in ev["error"], ev
+        assert ev["samples_done"] == 0 and ev["chip_seconds"] == 0, "no subject was served"
