@@ -42,11 +42,13 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # test (fsspec; the lost-worker re-queue it also covers runs on PostgreSQL in the run SIGKILL test), and the
 # Gemma 4 release chain (file formats; its train, merge and deploy steps run on PostgreSQL in their own tests),
 # the broker test (it runs its own Redis whatever the suite), and the body-cap and security-header tests
-# (middleware in front of everything: no database involved).
+# (middleware in front of everything: no database involved), and the endpoint-judge test (what a judge
+# stores, its sealed key and its verdicts, the URL-judge test stores on PostgreSQL too).
 SERVER_TESTS := tests/api tests/test_cli.py
 NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store \
 	--deselect tests/api/test_gemma4_release.py --deselect tests/api/test_broker.py \
-	--deselect tests/api/test_limits.py --deselect tests/api/test_headers.py
+	--deselect tests/api/test_limits.py --deselect tests/api/test_headers.py \
+	--deselect tests/api/test_evaluations.py::test_a_judge_endpoint_grades_every_answer_and_compares_answers_in_both_orders
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \

@@ -26,7 +26,8 @@ def artifact(server, api, trained_run) -> dict:
     from tests.api.test_artifacts import wait_artifact
 
     listed = api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
-    (art,) = [a for a in listed if a["kind"] == "merged"]
+    # the one made when it succeeded (an evaluation may have merged an earlier checkpoint since)
+    (art,) = [a for a in listed if a["kind"] == "merged" and a["checkpoint_step"] == TINY_RUN["max_steps"]]
     art = wait_artifact(server, api, art["id"])
     assert art["status"] == "succeeded", art["error"]
     return art
