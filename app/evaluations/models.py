@@ -15,7 +15,7 @@ from app.core.db import utcnow
 from app.core.schemas import ID_LENGTH, INT32_MAX, NAME_LENGTH, Schema
 from app.evaluations.metrics import METRICS
 
-MAX_SUBJECTS = 8
+MAX_SUBJECTS = 16
 
 
 class EvaluationStatus(StrEnum):
@@ -31,11 +31,12 @@ TERMINAL = {EvaluationStatus.succeeded, EvaluationStatus.failed, EvaluationStatu
 
 class Subject(Schema):
     """What answers: ``checkpoint`` (a run's checkpoint at ``step``, its last when not given: merged, then
-    served for the evaluation on the run's pool and stopped after), ``endpoint`` (a ready endpoint, as it
-    is) or ``base`` (the base model of ``run_id``, or the registered base model ``base_model``, served
-    for the evaluation)."""
+    served for the evaluation on the run's pool and stopped after), ``checkpoints`` (every checkpoint the
+    run has, in step order: a checkpoint sweep, which the run page charts against the step), ``endpoint``
+    (a ready endpoint, as it is) or ``base`` (the base model of ``run_id``, or the registered base model
+    ``base_model``, served for the evaluation)."""
 
-    kind: Literal["checkpoint", "endpoint", "base"]
+    kind: Literal["checkpoint", "checkpoints", "endpoint", "base"]
     run_id: str | None = Field(default=None, max_length=ID_LENGTH)
     step: int | None = Field(default=None, ge=0, le=INT32_MAX)
     endpoint_id: str | None = Field(default=None, max_length=ID_LENGTH)
@@ -43,9 +44,11 @@ class Subject(Schema):
 
     @model_validator(mode="after")
     def _fields_of_kind(self):
-        need = {"checkpoint": "run_id", "endpoint": "endpoint_id"}.get(self.kind)
+        need = {"checkpoint": "run_id", "checkpoints": "run_id", "endpoint": "endpoint_id"}.get(self.kind)
         if need and getattr(self, need) is None:
             raise ValueError(f"a {self.kind} subject names its {need}")
+        if self.kind == "checkpoints" and self.step is not None:
+            raise ValueError("a checkpoints subject is every checkpoint of the run: leave step out")
         if self.kind == "base" and (self.run_id is None) == (self.base_model is None):
             raise ValueError("a base subject names either run_id (that run's base model) or base_model")
         return self

@@ -26,6 +26,7 @@ from app.endpoints.models import Endpoint, EndpointStatus
 from app.evaluations import judge as judge_lib
 from app.evaluations import metrics
 from app.evaluations.models import (
+    MAX_SUBJECTS,
     TERMINAL,
     Evaluation,
     EvaluationCreate,
@@ -68,14 +69,18 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         )
     subjects, served_pools, endpoint_pools, run_id = [], set(), set(), None
     for i, subject in enumerate(data.subjects):
-        described = _resolve(session, owner, subject, f"subjects.{i}")
-        described["key"] = f"s{i}"
-        subjects.append(described)
-        if subject.kind == "endpoint":
-            endpoint_pools.add(described["pool"])
-        else:
-            served_pools.add(described["pool"])
-            run_id = run_id or described.get("run_id")
+        for described in _expand(session, owner, subject, f"subjects.{i}"):
+            described["key"] = f"s{len(subjects)}"
+            subjects.append(described)
+            if subject.kind == "endpoint":
+                endpoint_pools.add(described["pool"])
+            else:
+                served_pools.add(described["pool"])
+                run_id = run_id or described.get("run_id")
+    if len(subjects) > MAX_SUBJECTS:
+        raise EvaluationError(
+            "subjects", f"{len(subjects)} subjects with every checkpoint counted; an evaluation takes {MAX_SUBJECTS}"
+        )
     if len(served_pools) > 1:
         raise EvaluationError(
             "subjects", f"the checkpoints and base models to serve are on pools {sorted(served_pools)}: one at a time"
@@ -137,6 +142,18 @@ def _judge(session: Session, owner: User, data: EvaluationCreate) -> tuple[dict[
     key = data.judge.api_key.get_secret_value() if data.judge.api_key else None
     judge["api_key"] = "(set)" if key else None
     return judge, (seal(key) if key else None)
+
+
+def _expand(session: Session, owner: User, subject: Subject, field: str) -> list[dict[str, Any]]:
+    """The subjects a requested one stands for: a ``checkpoints`` subject, one per checkpoint of its run."""
+    if subject.kind != "checkpoints":
+        return [_resolve(session, owner, subject, field)]
+    one = subject.model_copy(update={"kind": "checkpoint"})
+    last = _resolve(session, owner, one, field)  # the run checked, and its last checkpoint
+    steps = session.exec(
+        select(RunCheckpoint.step).where(RunCheckpoint.run_id == last["run_id"]).order_by(col(RunCheckpoint.step))
+    ).all()
+    return [{**last, "step": step, "label": f"{last['run_id']} step {step}", "sweep": True} for step in steps]
 
 
 def _resolve(session: Session, owner: User, subject: Subject, field: str) -> dict[str, Any]:

@@ -111,6 +111,11 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         ({"subjects": [{"kind": "endpoint"}]}, "subjects", "names its endpoint_id"),
         ({"subjects": []}, "subjects", "at least 1"),
         ({"max_samples": 0}, "max_samples", "greater than or equal to 1"),
+        (
+            {"subjects": [{"kind": "checkpoints", "run_id": run["id"], "step": 3}]},
+            "subjects.0",
+            "leave step out",
+        ),
         ({"judge": {"url": "http://127.0.0.1:9/v1"}}, "judge", "names the model to ask there"),
         ({"judge": {"url": "ftp://x", "model": "m"}}, "judge", "starts with http:// or https://"),
         ({"judge": {"endpoint_id": "ep-1", "url": "http://x/v1", "model": "m"}}, "judge", "either an endpoint"),
@@ -191,10 +196,9 @@ def test_a_judge_endpoint_grades_every_answer_and_compares_answers_in_both_order
     before = finished_requests(judge_endpoint)
     body = {
         "dataset_id": trained_run["dataset_id"],
-        "subjects": [
-            {"kind": "endpoint", "endpoint_id": judge_endpoint["id"]},
-            {"kind": "base", "run_id": trained_run["id"]},
-        ],
+        # The endpoint twice (no other model server to start): the judge still grades both, and
+        # compares their answers in both orders.
+        "subjects": [{"kind": "endpoint", "endpoint_id": judge_endpoint["id"]}] * 2,
         "metrics": ["exact_match"],
         "max_samples": 4,
         "max_tokens": 8,
@@ -205,9 +209,9 @@ def test_a_judge_endpoint_grades_every_answer_and_compares_answers_in_both_order
     assert r.json()["samples_total"] == 4 * (2 + 2 + 2)  # replies, grades, verdicts in both orders
     ev = wait_evaluation(server, api, r.json()["id"])
     assert ev["status"] == "succeeded", (ev["error"], server.log()[-3000:])
-    # As a subject 4 replies; as the judge 1 check, 2 x 4 grades, 2 x 4 pairwise verdicts (the endpoint's
-    # prober adds its own requests: at least these; exactly these is the next test's, at a judge of its own).
-    assert ev["samples_done"] == 24 and finished_requests(judge_endpoint) - before >= 4 + 1 + 8 + 8
+    # As the subjects 2 x 4 replies; as the judge 1 check, 2 x 4 grades, 2 x 4 pairwise verdicts (its
+    # prober adds requests of its own: at least these; exactly these is the next test's, at a judge of its own).
+    assert ev["samples_done"] == 24 and finished_requests(judge_endpoint) - before >= 8 + 1 + 8 + 8
 
     for key in ("s0", "s1"):
         graded = ev["summary"][key]["judge"]
@@ -329,3 +333,21 @@ def test_a_judge_that_cannot_answer_fails_the_evaluation_before_any_subject_is_s
         ev = wait_evaluation(server, api, r.json()["id"], timeout=60)
         assert ev["status"] == "failed" and f"the judge at {url}" in ev["error"] and words in ev["error"], ev
         assert ev["samples_done"] == 0 and ev["chip_seconds"] == 0, "no subject was served"
+
+
+def test_a_checkpoints_subject_is_every_checkpoint_of_the_run_in_step_order(server, api, trained_run):
+    r = api.post(
+        "/api/v1/evaluations",
+        json={
+            "dataset_id": trained_run["dataset_id"],
+            "subjects": [{"kind": "checkpoints", "run_id": trained_run["id"]}],
+        },
+    )
+    assert r.status_code == 201, r.text
+    subjects = r.json()["subjects"]
+    assert [(s["key"], s["kind"], s["step"], s["sweep"]) for s in subjects] == [
+        ("s0", "checkpoint", 3, True),
+        ("s1", "checkpoint", 6, True),
+    ]
+    assert [s["label"] for s in subjects] == [f"{trained_run['id']} step 3", f"{trained_run['id']} step 6"]
+    assert api.post(f"/api/v1/evaluations/{r.json()['id']}/cancel").status_code == 200

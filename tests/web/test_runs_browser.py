@@ -442,38 +442,36 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     expect(page.locator("#endpoints-table tbody tr", has_text=endpoint_id)).to_contain_text("stopped")
 
 
-def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run, demo_dataset):
-    """The run's last checkpoint and its base, evaluated through the API (an earlier checkpoint, merged for
-    the evaluation, is tests/api/test_evaluations.py's); the page follows it live to its
-    scores (a table with intervals, a chart) and its samples, reordered by where the subjects differ."""
+def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run):
+    """From the run page, "Evaluate all checkpoints": every checkpoint of the run and its base, asked the
+    run's eval set. The evaluation's page follows it live to its scores (a table with intervals, a chart)
+    and its samples, reordered by where the subjects differ; back on the run page, the score against the
+    step, the base as a line, and the best checkpoint marked."""
     client = server.client()
-    body = {
-        "dataset_id": demo_dataset["id"],
-        "subjects": [
-            {"kind": "checkpoint", "run_id": tiny_run["id"]},
-            {"kind": "base", "run_id": tiny_run["id"]},
-        ],
-        "metrics": ["exact_match", "chrf", "rouge_l"],
-        "max_samples": 6,
-        "max_tokens": 12,
-    }
-    r = client.post("/api/v1/evaluations", json=body)
-    assert r.status_code == 201, r.text
-    evaluation = r.json()
+    page.goto(f"/runs/{tiny_run['id']}")
+    expect(page.locator("#sweep-empty")).to_be_visible()
+    page.fill("#sweep-samples", "6")
+    page.fill("#sweep-tokens", "12")
+    page.click("#sweep-start")
+    expect(page).to_have_url(re.compile(r".*/evaluations/ev-[^/?#]+$"))
+    evaluation = {"id": page.url.rsplit("/", 1)[1]}
+    created = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()
+    assert [s.get("step") for s in created["subjects"]] == [20, 40, 60, None], created["subjects"]
+    assert created["dataset_id"] == tiny_run["dataset_id"] and created["config"]["metrics"] == ["exact_match", "chrf"]
     page.goto("/evaluations")
     expect(page.locator("#evaluations-table tbody tr").first).to_contain_text(evaluation["id"])
     page.locator("#evaluations-table a", has_text=evaluation["id"]).click()
     expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
     expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
     expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=TRAIN_TIMEOUT)
-    expect(page.locator("#progress-count")).to_have_text("12 of 12 replies")
+    expect(page.locator("#progress-count")).to_have_text("24 of 24 replies")
 
     scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
     rows = page.locator("#summary-table tbody tr")
-    expect(rows).to_have_count(2)
-    chrf = scores["s0"]["chrf"]
-    expect(rows.nth(0)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
-    expect(rows.nth(1)).to_contain_text("tiny-gemma4 (base)")
+    expect(rows).to_have_count(4)
+    chrf = scores["s2"]["chrf"]
+    expect(rows.nth(2)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
+    expect(rows.nth(3)).to_contain_text("tiny-gemma4 (base)")
     assert page.locator("#summary-chart").bounding_box()["height"] > 100
 
     samples = page.locator("#samples-table tbody tr")
@@ -486,3 +484,14 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
         "href", f"/api/v1/evaluations/{evaluation['id']}/samples.jsonl"
     )
     page.screenshot(path=str(ARTIFACTS / "evaluation.png"), full_page=True)
+
+    # The run page charts the sweep: chrF by step, the base model's as a line, the best step marked.
+    page.goto(f"/runs/{tiny_run['id']}")
+    page.select_option("#sweep-metric", "chrf")
+    by_step = {20: scores["s0"]["chrf"]["mean"], 40: scores["s1"]["chrf"]["mean"], 60: chrf["mean"]}
+    best = max(by_step, key=lambda step: by_step[step])
+    expect(page.locator("#sweep-best")).to_have_text(f"Best by chrf: step {best} ({100 * by_step[best]:.1f}%)")
+    expect(page.locator("#sweep-note")).to_contain_text(f"base model {100 * scores['s3']['chrf']['mean']:.1f}%")
+    assert page.locator("#sweep-chart").bounding_box()["height"] > 100
+    expect(page.locator("#sweep-link")).to_have_text(f"{evaluation['id']} · succeeded")
+    page.locator("#sweep-card").screenshot(path=str(ARTIFACTS / "checkpoint-sweep.png"))
