@@ -255,7 +255,10 @@ def test_parquet_bomb_is_refused_before_it_is_decoded(server, api):
     message = d["errors"][0]["message"]
     assert message.startswith("bomb.parquet: ") and "row group 0" in message and "column 'text'" in message, message
     assert "16.0 GiB" in message, message
-    assert growth[0] < 100 << 20, f"a worker process grew by {growth[0] >> 20} MiB"
+    # Decoded, its one row group would take 16 GiB. A pool process that reads Parquet for the
+    # first time grows by about 100 MiB importing the reader and its codecs (116 MiB seen in CI): the bound
+    # is well above that, and still 40 times below what decoding would take.
+    assert growth[0] < 400 << 20, f"a worker process grew by {growth[0] >> 20} MiB"
     assert api.get("/healthz").status_code == 200
 
 
