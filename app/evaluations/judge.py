@@ -112,7 +112,7 @@ def pairwise_prompt(
     parts = ["You are comparing two answers to the same conversation.", f"Conversation so far:\n{question}"]
     if system != "(none)":
         parts.append(f"System prompt:\n{system}")
-    if needs_reference(rubric, prompt) or rubric == "correctness":
+    if needs_reference(rubric, prompt):
         parts.append(f"Reference answer:\n{reference}")
     parts += [f"Answer A:\n{first}", f"Answer B:\n{second}"]
     if prompt is not None:
