@@ -6,14 +6,13 @@ from their heartbeat thread); the user cancels one with ``cancel``."""
 
 from __future__ import annotations
 
-from sqlalchemy import update
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from app.auth.models import User
 from app.benchmarks.models import TERMINAL, Benchmark, BenchmarkCreate, BenchmarkPublic, BenchmarkStatus
-from app.core import queue
+from app.core import jobs, queue
 from app.core.config import get_settings
-from app.core.db import claim, owned, owned_page, utcnow
+from app.core.db import owned, owned_page, utcnow
 from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
@@ -140,17 +139,7 @@ def cancel(session: Session, benchmark: Benchmark) -> Benchmark:
     ``cancelled``. The flag is set in both cases: a worker that takes a queued one meanwhile sees it too."""
     if benchmark.status in TERMINAL:
         raise BenchmarkError("status", f"benchmark {benchmark.id} is already {benchmark.status}", conflict=True)
-    now = utcnow()
-    session.exec(
-        update(Benchmark).where(col(Benchmark.id) == benchmark.id).values(cancel_requested=True, updated_at=now)
-    )
-    session.exec(
-        update(Benchmark)
-        .where(col(Benchmark.id) == benchmark.id, col(Benchmark.status) == BenchmarkStatus.queued)
-        .values(status=BenchmarkStatus.cancelled, finished_at=now)
-    )
-    session.commit()
-    session.refresh(benchmark)
+    jobs.cancel(session, Benchmark, benchmark)
     return benchmark
 
 
@@ -160,19 +149,8 @@ def cancel(session: Session, benchmark: Benchmark) -> Benchmark:
 def start(session: Session, benchmark_id: str, worker: str) -> Benchmark | None:
     """The task takes the benchmark; None when it is not queued any more (cancelled, or taken by an
     earlier delivery of the task). It fails at once when its endpoint is no longer ready."""
-    benchmark = session.get(Benchmark, benchmark_id)
-    if benchmark is None or benchmark.status != BenchmarkStatus.queued or benchmark.cancel_requested:
-        return None
-    now = utcnow()
-    if not claim(
-        session,
-        benchmark,
-        status=BenchmarkStatus.running,
-        worker=worker,
-        heartbeat_at=now,
-        started_at=now,
-        updated_at=now,
-    ):
+    benchmark = jobs.take(session, Benchmark, benchmark_id, worker)
+    if benchmark is None:
         return None
     endpoint = session.get(Endpoint, benchmark.endpoint_id) if benchmark.endpoint_id else None
     if endpoint is None or endpoint.status != EndpointStatus.ready:
@@ -186,21 +164,7 @@ def heartbeat(session: Session, benchmark_id: str, worker: str) -> str | None:
     """The worker sending the load is alive. Returns why it must stop: "cancel" (the user cancelled the
     benchmark), "gone" (it is not this worker's running benchmark any more: deleted, or failed by the
     stale sweep while this worker was silent), or None to go on."""
-    beaten = session.exec(
-        update(Benchmark)
-        .where(
-            col(Benchmark.id) == benchmark_id,
-            col(Benchmark.status) == BenchmarkStatus.running,
-            col(Benchmark.worker) == worker,
-        )
-        .values(heartbeat_at=utcnow())
-    ).rowcount
-    session.commit()
-    if not beaten:
-        return "gone"
-    cancelled = session.exec(select(Benchmark.cancel_requested).where(Benchmark.id == benchmark_id)).first()
-    session.commit()
-    return "cancel" if cancelled else None
+    return jobs.beat(session, Benchmark, benchmark_id, worker)
 
 
 def fail_stale(session: Session, pool: str) -> list[str]:
@@ -208,15 +172,8 @@ def fail_stale(session: Session, pool: str) -> list[str]:
     re-queued: a benchmark is cheap to run again, the levels measured so far would be mixed with a second
     attempt's, and the host that sent the load is most often the endpoint's own, lost with it."""
     settings = get_settings()
-    stale = session.exec(
-        select(Benchmark).where(
-            Benchmark.pool == pool,
-            Benchmark.status == BenchmarkStatus.running,
-            col(Benchmark.heartbeat_at) < utcnow() - settings.stale_after,
-        )
-    ).all()
     ended = []
-    for benchmark in stale:
+    for benchmark in jobs.stale(session, Benchmark, pool):
         error = (
             f"no heartbeat from {benchmark.worker or 'its worker'} for {settings.stale_seconds:.0f}s: "
             "the worker sending its load was lost; run it again"
@@ -260,11 +217,4 @@ def fail(session: Session, benchmark: Benchmark, error: str) -> None:
 def _end(session: Session, benchmark: Benchmark, status: BenchmarkStatus, error: str | None) -> bool:
     """End a running benchmark; False (nothing changed) when it had ended already, e.g. a worker that was
     silent too long and was failed by the stale sweep must not write over that."""
-    now = utcnow()
-    ended = session.exec(
-        update(Benchmark)
-        .where(col(Benchmark.id) == benchmark.id, col(Benchmark.status) == BenchmarkStatus.running)
-        .values(status=status, error=error, finished_at=now, updated_at=now)
-    ).rowcount
-    session.commit()
-    return bool(ended)
+    return jobs.end(session, Benchmark, benchmark, status, error)

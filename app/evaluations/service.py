@@ -15,9 +15,9 @@ from sqlmodel import Session, col, func, select
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.auth.models import User
-from app.core import queue
+from app.core import jobs, queue
 from app.core.config import get_settings
-from app.core.db import claim, owned, owned_page, utcnow
+from app.core.db import owned, owned_page, utcnow
 from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id, seal
@@ -254,17 +254,7 @@ def cancel(session: Session, evaluation: Evaluation) -> Evaluation:
     beat, stops what it serves, and ends it ``cancelled``."""
     if evaluation.status in TERMINAL:
         raise EvaluationError("status", f"evaluation {evaluation.id} is already {evaluation.status}", conflict=True)
-    now = utcnow()
-    session.exec(
-        update(Evaluation).where(col(Evaluation.id) == evaluation.id).values(cancel_requested=True, updated_at=now)
-    )
-    session.exec(
-        update(Evaluation)
-        .where(col(Evaluation.id) == evaluation.id, col(Evaluation.status) == EvaluationStatus.queued)
-        .values(status=EvaluationStatus.cancelled, finished_at=now)
-    )
-    session.commit()
-    session.refresh(evaluation)
+    jobs.cancel(session, Evaluation, evaluation)
     return evaluation
 
 
@@ -273,21 +263,7 @@ def cancel(session: Session, evaluation: Evaluation) -> Evaluation:
 
 def start(session: Session, evaluation_id: str, worker: str) -> Evaluation | None:
     """The task takes the evaluation; None when it is not queued any more."""
-    evaluation = session.get(Evaluation, evaluation_id)
-    if evaluation is None or evaluation.status != EvaluationStatus.queued or evaluation.cancel_requested:
-        return None
-    now = utcnow()
-    if not claim(
-        session,
-        evaluation,
-        status=EvaluationStatus.running,
-        worker=worker,
-        heartbeat_at=now,
-        started_at=now,
-        updated_at=now,
-    ):
-        return None
-    return evaluation
+    return jobs.take(session, Evaluation, evaluation_id, worker)
 
 
 def checkpoint_artifact(session: Session, evaluation: Evaluation, subject: dict) -> Artifact:
@@ -321,35 +297,13 @@ def running(session: Session, evaluation_ids: list[str]) -> set[str]:
 
 def heartbeat(session: Session, evaluation_id: str, worker: str) -> str | None:
     """Returns why the worker must stop: "cancel", "gone" (not its running evaluation any more), or None."""
-    beaten = session.exec(
-        update(Evaluation)
-        .where(
-            col(Evaluation.id) == evaluation_id,
-            col(Evaluation.status) == EvaluationStatus.running,
-            col(Evaluation.worker) == worker,
-        )
-        .values(heartbeat_at=utcnow())
-    ).rowcount
-    session.commit()
-    if not beaten:
-        return "gone"
-    cancelled = session.exec(select(Evaluation.cancel_requested).where(Evaluation.id == evaluation_id)).first()
-    session.commit()
-    return "cancel" if cancelled else None
+    return jobs.beat(session, Evaluation, evaluation_id, worker)
 
 
 def fail_stale(session: Session, pool: str) -> list[str]:
     """Fail this pool's running evaluations whose worker went silent (its samples so far stay)."""
-    settings = get_settings()
-    stale = session.exec(
-        select(Evaluation).where(
-            Evaluation.pool == pool,
-            Evaluation.status == EvaluationStatus.running,
-            col(Evaluation.heartbeat_at) < utcnow() - settings.stale_after,
-        )
-    ).all()
-    error = f"no heartbeat from its worker for {settings.stale_seconds:.0f}s: the worker was lost; run it again"
-    return [e.id for e in stale if _end(session, e, EvaluationStatus.failed, error)]
+    error = f"no heartbeat from its worker for {get_settings().stale_seconds:.0f}s: the worker was lost; run it again"
+    return [e.id for e in jobs.stale(session, Evaluation, pool) if _end(session, e, EvaluationStatus.failed, error)]
 
 
 def progress(
@@ -458,11 +412,4 @@ def fail(session: Session, evaluation: Evaluation, error: str) -> None:
 
 
 def _end(session: Session, evaluation: Evaluation, status: EvaluationStatus, error: str | None) -> bool:
-    now = utcnow()
-    ended = session.exec(
-        update(Evaluation)
-        .where(col(Evaluation.id) == evaluation.id, col(Evaluation.status) == EvaluationStatus.running)
-        .values(status=status, error=error, phase=None, finished_at=now, updated_at=now)
-    ).rowcount
-    session.commit()
-    return bool(ended)
+    return jobs.end(session, Evaluation, evaluation, status, error, phase=None)
