@@ -315,6 +315,58 @@ def test_seed_temperature_and_stop(server):
     assert longer["choices"][0]["text"].startswith(ended["choices"][0]["text"])
 
 
+def test_an_echoed_prompts_logprobs_are_the_models_own(server, model_dir):
+    """vLLM's way to score text: `echo` with `max_tokens` 0 and `logprobs` answers the prompt's tokens'
+    log-probabilities in OpenAI's completions form: the model's own, as a cache-free forward pass of the
+    same checkpoint gives them (the evaluation test checks them against transformers end to end)."""
+    from worker.chat import ChatFormat
+
+    tok = ChatFormat(model_dir)
+    messages = [
+        {"role": "user", "content": "What is the capital of Chad?"},
+        {"role": "assistant", "content": "N'Djamena."},
+    ]
+    ids, _ = tok.tokenize(messages)
+    ids = ids.tolist()
+    r = httpx.post(
+        f"{server}/v1/completions",
+        json={"model": MODEL, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 2},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    lp = choice["logprobs"]
+    assert r.json()["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+    assert lp["tokens"] == [tok.decode([t]) for t in ids] and choice["text"] == tok.decode(ids)
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:k]) for k in range(len(ids))]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+
+    import jax
+    import jax.numpy as jnp
+
+    tokens = np.zeros((1, 64), np.int32)
+    tokens[0, : len(ids)] = ids
+    expected = np.asarray(jax.nn.log_softmax(_reference_forward(str(model_dir), 64)(jnp.asarray(tokens))[0], axis=-1))
+    for k in range(1, len(ids)):
+        assert lp["token_logprobs"][k] == pytest.approx(float(expected[k - 1, ids[k]]), abs=2e-4), k
+        top = lp["top_logprobs"][k]  # the token itself, and the 2 most likely
+        best = np.argsort(-expected[k - 1])[:2]
+        want = {tok.decode([ids[k]])} | {tok.decode([int(t)]) for t in best}
+        assert set(top) == want and top[tok.decode([ids[k]])] == lp["token_logprobs"][k], (k, top)
+
+    # What the built-in server does not do (vLLM would: generated tokens' logprobs) is refused by name.
+    for body, words in [
+        ({"prompt": ids, "max_tokens": 4, "logprobs": 1}, "logprobs: this server gives the prompt's"),
+        ({"prompt": ids, "max_tokens": 4, "echo": True}, "echo: this server gives"),
+        ({"prompt": ids, "max_tokens": 0}, "max_tokens: this server gives"),
+        ({"prompt": ids, "max_tokens": 0, "echo": True, "stream": True}, "stream: an echoed prompt's"),
+        ({"prompt": [ids[0], 10**9], "max_tokens": 0, "echo": True}, "prompt: token ids are 0 to"),
+        ({"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 21}, "logprobs: Input should be less than"),
+    ]:
+        r = httpx.post(f"{server}/v1/completions", json={"model": MODEL, **body}, timeout=30)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (body, r.text)
+
+
 def test_bad_requests_are_named(server):
     def post(body):
         return httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)

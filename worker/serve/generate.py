@@ -35,6 +35,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 PROMPT_BUCKET = 64
+TOP_LOGPROBS = 20  # the most a request's logprobs may ask (vLLM's --max-logprobs default)
 # Rows freed since the last join may be asked for again at once (a client's next request): when fewer
 # have come, the engine waits for the rest while they keep coming, JOIN_SETTLE_S apart at most, for
 # JOIN_WAIT_S at most, so that a wave is prefilled in one call rather than in one call per straggler.
@@ -165,7 +166,16 @@ class Engine:
                     out[name]["v"] = jnp.roll(layer["v"], -shift, axis=1)
             return out
 
+        def score(state, tokens, mask):
+            """Each position's log-probability of the token after it, and its TOP_LOGPROBS best."""
+            logits, _ = nnx.merge(graphdef, state)(tokens, None, None, mask)
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)[:, :-1]
+            taken = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+            best, best_ids = jax.lax.top_k(logp, TOP_LOGPROBS)
+            return taken, best, best_ids
+
         self._state = state
+        self._score = jax.jit(score)
         self._prefill = jax.jit(step, donate_argnums=(3,))
         self._step = jax.jit(step_rows, donate_argnums=(3,))
         self._insert = jax.jit(insert, donate_argnums=(0,), static_argnums=(4,))
@@ -213,6 +223,20 @@ class Engine:
                 f"{self.max_model_len}"
             )
         self._waiting.put(request)
+
+    def score(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The prompt's log-probabilities, from one cache-free forward pass (vLLM's prompt logprobs):
+        for each token after the first, its own log-probability given those before it, and the
+        TOP_LOGPROBS most likely tokens there (ids and log-probabilities). Safe from any thread."""
+        if not 1 < len(ids) <= self.max_model_len:
+            raise ValueError(f"the prompt is {len(ids)} tokens; 2 to max_model_len {self.max_model_len} are scored")
+        width = min(-(-len(ids) // PROMPT_BUCKET) * PROMPT_BUCKET, self.max_model_len)
+        tokens = np.full((1, width), self.tokenizer.pad_id, np.int32)
+        tokens[0, : len(ids)] = ids  # right padding: causal attention keeps it out of the real positions
+        mask = np.tril(np.ones((width, width), bool))[None]
+        taken, best, best_ids = self._score(self._state, tokens, mask)
+        n = len(ids) - 1
+        return np.asarray(taken)[0, :n], np.asarray(best)[0, :n], np.asarray(best_ids)[0, :n]
 
     def finish_early(self, request: Request) -> None:
         """The request needs no more tokens (a stop string matched, or its client left)."""

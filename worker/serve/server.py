@@ -3,7 +3,9 @@
     python -m worker.serve --model DIR --served-model-name NAME [--host H] [--port P]
                            [--max-num-seqs N] [--max-model-len N] [--log-stats-interval S] [--api-key KEY]
 
-``/health``, ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
+``/health``, ``/v1/models``, ``/v1/completions`` (a text or token-id prompt; ``echo`` with ``max_tokens`` 0
+and ``logprobs``: the prompt's log-probabilities, as evaluations ask for a reference's likelihood) and
+``/v1/chat/completions`` (SSE streaming with
 ``stream_options.include_usage``; the model's own chat template, with ``chat_template_kwargs`` such as
 ``enable_thinking``; the reasoning channel returned apart as ``reasoning_content``, as vLLM's reasoning
 parsers do; every stop id of ``generation_config.json`` and ``stop``; ``max_tokens``, ``temperature``,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import os
 import secrets
 import time
@@ -33,6 +36,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, ValidationError
@@ -79,7 +83,10 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str
+    prompt: str | list[int] = Field(min_length=1)  # text, or token ids (taken as they are: no BOS added)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: only with echo, to score the prompt
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=generate.TOP_LOGPROBS)
 
 
 class Metrics:
@@ -377,7 +384,14 @@ def create_app(
                 prompt_ids = server.chat_prompt(body)
             else:
                 assert isinstance(body, CompletionRequest), "parsed as one or the other"
-                prompt_ids = [*tok.bos, *tok.encode(body.prompt)]
+                if isinstance(body.prompt, list):
+                    if not all(0 <= t < server.engine.vocab_size for t in body.prompt):
+                        raise ValueError(f"prompt: token ids are 0 to {server.engine.vocab_size - 1}")
+                    prompt_ids = body.prompt
+                else:
+                    prompt_ids = [*tok.bos, *tok.encode(body.prompt)]
+                if body.echo or body.max_tokens == 0 or body.logprobs is not None:
+                    return await scored(request, body, prompt_ids)
             arrival = request.scope.get("arrival") or time.perf_counter()
             gen = Generation(server, prompt_ids, body, arrival, reasoning=chat)
             if len(prompt_ids) + 1 > server.engine.max_model_len:
@@ -428,6 +442,53 @@ def create_app(
             c = {"index": 0, "text": gen.text, "logprobs": None, "finish_reason": gen.finish_reason}
         return JSONResponse(
             {"id": rid, "object": obj, "created": created, "model": server.name, "choices": [c], "usage": gen.usage}
+        )
+
+    async def scored(request: Request, body: CompletionRequest, prompt_ids: list[int]) -> Response:
+        """``echo`` with ``max_tokens`` 0: the prompt back, with ``logprobs`` its tokens' log-probabilities
+        in OpenAI's completions form (the first token has none), as vLLM answers it. What else vLLM does
+        with echo and logprobs (the generated tokens' too) the built-in server does not: a 400 says so."""
+        if not body.echo or body.max_tokens != 0:
+            what = "echo" if body.echo else "max_tokens" if body.max_tokens == 0 else "logprobs"
+            raise ValueError(
+                f"{what}: this server gives the prompt's log-probabilities (echo with max_tokens 0 and logprobs), "
+                "not the generated tokens'"
+            )
+        if body.stream:
+            raise ValueError("stream: an echoed prompt's log-probabilities are not streamed")
+        arrival = request.scope.get("arrival") or time.perf_counter()
+        taken, best, best_ids = await run_in_threadpool(server.engine.score, prompt_ids)
+        tok = server.engine.tokenizer
+        pieces = [tok.decode([t]) for t in prompt_ids]
+        c: dict[str, Any] = {"index": 0, "text": tok.decode(prompt_ids), "logprobs": None, "finish_reason": "length"}
+        if body.logprobs is not None:
+            top: list[dict[str, float] | None] = [None]
+            for k in range(len(taken)):
+                entries = {pieces[k + 1]: float(taken[k])}
+                for t, lp in zip(best_ids[k, : body.logprobs], best[k, : body.logprobs], strict=True):
+                    entries.setdefault(tok.decode([int(t)]), float(lp))
+                top.append(entries)
+            offsets = [0, *itertools.accumulate(len(p) for p in pieces[:-1])]
+            c["logprobs"] = {
+                "text_offset": offsets,
+                "token_logprobs": [None, *(max(float(v), -9999.0) for v in taken)],
+                "tokens": pieces,
+                "top_logprobs": top,
+            }
+        server.metrics.prompt_tokens.inc(len(prompt_ids))
+        server.metrics.requests.labels(server.name, "length").inc()
+        server.metrics.e2e.observe(time.perf_counter() - arrival)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 0, "total_tokens": len(prompt_ids)}
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": server.name,
+                "choices": [c],
+                "usage": usage,
+            }
         )
 
     @app.post("/v1/chat/completions")
