@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
 
+from app.arena import pages as arena_pages
+from app.arena import routes as arena_routes
 from app.artifacts import pages as artifact_pages
 from app.artifacts import routes as artifact_routes
 from app.auth import pages as auth_pages
@@ -58,6 +60,7 @@ ROUTERS = (
     endpoint_routes,
     benchmark_routes,
     evaluation_routes,
+    arena_routes,
     endpoint_gateway,
     auth_pages,
     dataset_pages,
@@ -67,6 +70,7 @@ ROUTERS = (
     endpoint_pages,
     benchmark_pages,
     evaluation_pages,
+    arena_pages,
     web_pages,
 )
 

@@ -1,5 +1,6 @@
 """Every table, imported in one place so that migrations see the whole schema."""
 
+from app.arena.models import Battle
 from app.artifacts.models import Artifact
 from app.auth.models import ApiToken, LoginFailure, User
 from app.base_models.models import RegisteredModel
@@ -12,6 +13,7 @@ from app.runs.models import Run, RunCheckpoint, RunEvent, RunMetric
 
 __all__ = [
     "ApiToken",
+    "Battle",
     "Artifact",
     "Benchmark",
     "Dataset",

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 from sqlmodel import Session
 
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
@@ -41,12 +42,14 @@ from app.evaluations import judge as judge_lib
 from app.evaluations import service as evaluations
 from app.evaluations.models import Evaluation
 from app.pools.models import Pool
+from app.runs.models import Run
 from worker import artifacts as artifact_builds
 from worker import runtimes
 from worker.beat import Beat
+from worker.chat import ChatFormat, ChatTemplateError
 from worker.endpoints import free_port, log_path
 from worker.probe import auth
-from worker.runs import model_dir
+from worker.runs import base_model_dir, model_dir
 
 READY_TIMEOUT_S = 3600.0  # a vLLM start of a large model compiles for many minutes
 POLL_S = 0.5
@@ -105,14 +108,14 @@ def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.
     if judge is not None:  # before any subject is served: a judge that cannot answer fails it now
         evaluations.progress(session, evaluation, phase="checking the judge")
         judge.check()
-    total = len(rows) * evaluations.requests_per_sample(len(evaluation.subjects), evaluation.config["judge"])
+    total = len(rows) * evaluations.requests_per_sample(len(evaluation.subjects), evaluation.config)
     evaluations.progress(session, evaluation, total=total)
     done = 0
     for subject in evaluation.subjects:
         label = subject["label"]
         evaluations.progress(session, evaluation, phase=f"serving {label}")
         held = time.monotonic()
-        with served(session, evaluation, subject, worker, stop) as (url, key, model):
+        with served(session, evaluation, subject, worker, stop) as (url, key, model, directory):
             evaluations.progress(session, evaluation, phase=f"asking {label}")
             replies = asyncio.run(
                 ask(
@@ -126,10 +129,28 @@ def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.
                     on_reply=_Progress(evaluation.id, done, len(rows)),
                 )
             )
+            done += len(rows)
+            if "perplexity" in evaluation.config["metrics"]:
+                evaluations.progress(session, evaluation, phase=f"scoring the references under {label}")
+                scored = asyncio.run(
+                    likelihoods(
+                        f"{url}/v1",
+                        model,
+                        ChatFormat(directory),
+                        rows,
+                        concurrency=evaluation.config["concurrency"],
+                        headers=auth(key),
+                        stop=stop,
+                        on_reply=_Progress(evaluation.id, done, len(rows)),
+                    )
+                )
+                for row, likelihood in zip(rows, scored, strict=True):
+                    if likelihood is not None:
+                        row.setdefault("likelihoods", {})[subject["key"]] = likelihood
+                done += len(rows)
         evaluations.progress(session, evaluation, chip_s=(time.monotonic() - held) * evaluation.chips)
         for row, reply in zip(rows, replies, strict=True):
             row["outputs"][subject["key"]] = reply
-        done += len(rows)
     if judge is not None:
         evaluations.progress(session, evaluation, phase="judging")
         judge.judge(rows, [s["key"] for s in evaluation.subjects], stop, _Progress(evaluation.id, done, total - done))
@@ -157,14 +178,21 @@ class _Progress:
 @contextmanager
 def served(
     session: Session, evaluation: Evaluation, subject: dict, worker: str, stop: threading.Event
-) -> Iterator[tuple[str, str | None, str]]:
-    """(url, key, model) of a model server answering for the subject while the block runs."""
+) -> Iterator[tuple[str, str | None, str, str]]:
+    """(url, key, model, its checkpoint's directory) of a model server answering for the subject while the
+    block runs."""
     if subject["kind"] == "endpoint":
         endpoint = session.get(Endpoint, subject["endpoint_id"])
         if endpoint is None or endpoint.status != EndpointStatus.ready or endpoint.url is None:
             state = endpoint.status if endpoint else "deleted"
             raise RuntimeError(f"endpoint {subject['endpoint_id']} is {state}: it was ready when asked to evaluate it")
-        yield endpoint.url, endpoint.api_key, endpoint.model
+        artifact = session.get(Artifact, endpoint.artifact_id)
+        if artifact is None:
+            raise RuntimeError(f"endpoint {endpoint.id}'s artifact was deleted")
+        directory = artifact.path
+        if artifact.kind == ArtifactKind.adapter:  # served on its base, whose tokenizer it is
+            directory = str(base_model_dir(session, session.get_one(Run, artifact.run_id))[0])
+        yield endpoint.url, endpoint.api_key, endpoint.model, directory
         return
     if subject["kind"] == "checkpoint":
         artifact = _merged(session, evaluation, subject, worker, stop)
@@ -203,7 +231,7 @@ def served(
     try:
         server.start(lambda _phase: None)
         _wait_ready(server, url, endpoint.api_key, stop)
-        yield url, endpoint.api_key, endpoint.model
+        yield url, endpoint.api_key, endpoint.model, artifact.path
     finally:
         server.stop()
 
@@ -360,10 +388,7 @@ async def ask(
     gate = asyncio.Semaphore(concurrency)
     replies: list[str | None] = [None] * len(prompts)
     answered = 0
-    timeout = aiohttp.ClientTimeout(total=None, connect=30)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers
-    ) as client:
+    async with _client(headers) as client:
 
         async def one(i: int) -> None:
             nonlocal answered
@@ -388,12 +413,85 @@ async def ask(
             if on_reply is not None:
                 on_reply(answered)
 
-        work = asyncio.ensure_future(asyncio.gather(*(one(i) for i in range(len(prompts)))))
-        while not work.done():
-            if stop is not None and stop.is_set():
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-                raise Stopped
-            await asyncio.wait({work}, timeout=0.1)
-        await work
+        await _all(one, len(prompts), stop)
     return [r or "" for r in replies]
+
+
+def _client(headers: dict[str, str] | None) -> aiohttp.ClientSession:
+    """The session a subject's requests share: no total timeout (a long reply takes what it takes), no
+    connection limit (the semaphore of ``concurrency`` is the limit)."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=30)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers)
+
+
+async def _all(one: Callable[[int], Any], n: int, stop: threading.Event | None) -> None:
+    """``one(i)`` for i in 0..n together; ``stop`` cancels those in flight and raises ``Stopped``."""
+    work = asyncio.ensure_future(asyncio.gather(*(one(i) for i in range(n))))
+    while not work.done():
+        if stop is not None and stop.is_set():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise Stopped
+        await asyncio.wait({work}, timeout=0.1)
+    await work
+
+
+def reference_tokens(chat: ChatFormat, messages: list[dict], reference: str) -> tuple[list[int], list[int]]:
+    """The conversation answered with the reference, as the model's chat template renders it, and the
+    positions of the reference's tokens in it: those the training loss takes for that reply (its
+    end-of-turn token included). ValueError when the template renders the prompt otherwise once answered."""
+    prompt = chat.prompt_ids(messages)
+    ids, mask = chat.tokenize([*messages, {"role": "assistant", "content": reference}])
+    if ids[: len(prompt)].tolist() != prompt:
+        raise ValueError("the chat template renders the prompt differently once it is answered")
+    targets = [k for k in range(len(prompt), len(ids)) if mask[k]]
+    if not targets:
+        raise ValueError("the reference renders to no tokens")
+    return ids.tolist(), targets
+
+
+async def likelihoods(
+    url: str,
+    model: str,
+    chat: ChatFormat,
+    rows: list[dict[str, Any]],
+    *,
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
+    on_reply: Callable[[int], None] | None = None,
+) -> list[dict[str, Any] | None]:
+    """Each row's reference scored by the model at ``url`` (``.../v1``): {"nll", "tokens"}, the summed
+    negative log-likelihood of its tokens given the prompt, from vLLM's prompt log-probabilities (the
+    completions API with ``echo``, ``max_tokens`` 0 and ``logprobs`` 0). None for a row the server
+    refuses (longer than its context) or the template cannot split; any other failure raises."""
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    gate = asyncio.Semaphore(concurrency)
+    answered = 0
+    async with _client(headers) as client:
+
+        async def one(i: int) -> None:
+            nonlocal answered
+            try:
+                split = reference_tokens(chat, rows[i]["messages"], rows[i]["reference"])
+            except (ValueError, ChatTemplateError):
+                split = None
+            if split is not None:
+                ids, targets = split
+                async with gate:
+                    body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}
+                    async with client.post(f"{url}/completions", json=body) as r:
+                        text = await r.read()
+                        refused = 400 <= r.status < 500 and r.status not in (401, 403, 404)
+                        if r.status != 200 and not refused:
+                            what = text[:300].decode(errors="replace")
+                            raise RuntimeError(f"sample {i}: HTTP {r.status} from {url}: {what}")
+                        if r.status == 200:
+                            logprobs = orjson.loads(text)["choices"][0]["logprobs"]["token_logprobs"]
+                            out[i] = {"nll": -sum(logprobs[k] for k in targets), "tokens": len(targets)}
+            answered += 1
+            if on_reply is not None:
+                on_reply(answered)
+
+        await _all(one, len(rows), stop)
+    return out

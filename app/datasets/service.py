@@ -114,19 +114,25 @@ def waiting_tasks(session: Session) -> list[queue.Waiting]:
 
 def create_demo(session: Session, owner: User) -> Dataset:
     """Import the bundled demo dataset, as if uploaded (stored, hashed, validated)."""
-    content = demo.demo_dataset_jsonl()
+    return create_from_bytes(session, owner, demo.DEMO_FILENAME, demo.demo_dataset_jsonl())
+
+
+def create_from_bytes(
+    session: Session, owner: User, filename: str, content: bytes, *, fmt: str | None = None
+) -> Dataset:
+    """A file Tunedeck made (the demo set, an export), stored and validated as if uploaded."""
     tmp = incoming_dir(get_settings())
     tmp.mkdir(parents=True, exist_ok=True)
     upload = ReceivedFile(
         "file",
-        demo.DEMO_FILENAME,
+        filename,
         tmp / f".upload-{uuid.uuid4().hex}.part",
         len(content),
         hashlib.sha256(content).hexdigest(),
     )
     upload.path.write_bytes(content)
     try:
-        return create_from_upload(session, owner, upload)
+        return create_from_upload(session, owner, upload, fmt=fmt)
     finally:
         upload.path.unlink(missing_ok=True)
 

@@ -49,7 +49,7 @@ import orjson
 from app.core.echo import STORED_CHARS, clip, echo
 
 FILE_TYPES = ("jsonl", "csv", "parquet")
-FORMATS = ("chat", "prompt_completion", "alpaca", "text")
+FORMATS = ("chat", "prompt_completion", "alpaca", "text", "preference")
 MAX_LISTED = 100  # errors / duplicates listed in full; beyond that only counted
 
 PREVIEW_ROWS = 20
@@ -88,6 +88,7 @@ _REQUIRED = {
     "prompt_completion": ("prompt", "completion"),
     "alpaca": ("instruction", "output"),
     "text": ("text",),
+    "preference": ("prompt", "chosen", "rejected"),
 }
 _OPTIONAL = {"alpaca": ("input",)}
 
@@ -172,7 +173,8 @@ def detect_file_type(filename: str, head: bytes) -> str:
 def _describe_formats() -> str:
     return (
         "'messages' (chat), 'prompt' + 'completion' (prompt_completion), "
-        "'instruction' + 'output' [+ 'input'] (alpaca) or 'text' (text)"
+        "'instruction' + 'output' [+ 'input'] (alpaca), 'text' (text) "
+        "or 'prompt' + 'chosen' + 'rejected' (preference)"
     )
 
 
@@ -180,6 +182,8 @@ def _format_from_keys(keys, filename: str, what: str) -> str:
     keys = set(keys)
     if "messages" in keys:
         return "chat"
+    if {"prompt", "chosen", "rejected"} <= keys:
+        return "preference"
     if "prompt" in keys and "completion" in keys:
         return "prompt_completion"
     if "instruction" in keys and "output" in keys:
@@ -331,6 +335,48 @@ def _check_prompt_completion(obj: dict) -> tuple[int, tuple]:
     return (len(prompt) + len(completion)) << _CHARS_SHIFT | 2, ((_U, prompt), (_A, completion))
 
 
+def _check_preference(obj: dict) -> tuple[int, tuple]:
+    """A preference pair as TRL takes it: ``prompt``, ``chosen`` and ``rejected`` strings (its standard
+    form), or a chat ``prompt`` ending with a user turn and each answer a list of one assistant message
+    (its conversational form). Normalised to the prompt's turns, the chosen answer as the assistant's,
+    then the rejected one (role ``rejected``)."""
+    if "prompt" not in obj:
+        raise _RecordError("prompt", "missing required field 'prompt'")
+    prompt = obj["prompt"]
+    if type(prompt) is str:
+        p, c, r = (_str_field(obj, k) for k in ("prompt", "chosen", "rejected"))
+        return (len(p) + len(c) + len(r)) << _CHARS_SHIFT | 3, ((_U, p), (_A, c), ("rejected", r))
+    if type(prompt) is not list:
+        raise _RecordError("prompt", f"wrong type: expected string or list of messages, got {_tname(prompt)}")
+    if not prompt:
+        raise _RecordError("prompt", "must be a non-empty list of messages")
+    if type(prompt[-1]) is dict and prompt[-1].get("role") != _U:
+        raise _RecordError(f"prompt[{len(prompt) - 1}].role", "the last turn must be 'user' (the answers reply to it)")
+    c, r = (_answer(obj, k) for k in ("chosen", "rejected"))
+    try:
+        packed, convo = _check_chat({"messages": [*prompt, {"role": _A, "content": c}]})
+    except _RecordError as exc:
+        raise _RecordError("prompt" + (exc.field or "messages").removeprefix("messages"), exc.message) from None
+    return packed + ((len(r) << _CHARS_SHIFT) | 1), (*convo, ("rejected", r))
+
+
+def _answer(obj: dict, key: str) -> str:
+    """A preference answer: a string, or a list of one assistant message."""
+    if key not in obj:
+        raise _RecordError(key, f"missing required field '{key}'")
+    value = obj[key]
+    if type(value) is str:
+        return _str_field(obj, key)
+    if type(value) is not list or len(value) != 1 or type(value[0]) is not dict:
+        raise _RecordError(key, f"expected a string or a list of one assistant message, got {_tname(value)}")
+    if value[0].get("role") != _A:
+        raise _RecordError(f"{key}[0].role", f"must be 'assistant', got {echo(value[0].get('role'))}")
+    try:
+        return _str_field(value[0], "content")
+    except _RecordError as exc:
+        raise _RecordError(f"{key}[0].{exc.field}", exc.message) from None
+
+
 def _check_alpaca(obj: dict) -> tuple[int, tuple]:
     instruction = _str_field(obj, "instruction")
     inp = obj.get("input")
@@ -351,6 +397,7 @@ _CHECK = {
     "prompt_completion": _check_prompt_completion,
     "alpaca": _check_alpaca,
     "text": _check_text,
+    "preference": _check_preference,
 }
 
 
@@ -423,11 +470,21 @@ def _fast_text(o):
     return len(t) << 24 | 1
 
 
+def _fast_preference(o):
+    p = o["prompt"]
+    c = o["chosen"]
+    r = o["rejected"]
+    if p.isspace() or c.isspace() or r.isspace() or not p or not c or not r:  # raises on lists: the slow path
+        raise _NotFast
+    return (len(p) + len(c) + len(r)) << 24 | 3
+
+
 _FAST = {
     "chat": _fast_chat,
     "prompt_completion": _fast_prompt_completion,
     "alpaca": _fast_alpaca,
     "text": _fast_text,
+    "preference": _fast_preference,
 }
 
 
@@ -1462,7 +1519,8 @@ def iter_numbered_conversations(
     Each item is ``[{"role", "content"}, ...]``, normalised exactly as :func:`validate_file` does:
     chat messages as given (system/user/assistant, extra keys such as ``weight`` dropped);
     prompt/completion -> user/assistant; alpaca -> user (instruction + "\\n\\n" + input, or the
-    instruction alone) / assistant; text -> ``[{"role": "text", "content": ...}]``. Invalid records
+    instruction alone) / assistant; text -> ``[{"role": "text", "content": ...}]``; preference -> the
+    prompt's turns, the chosen answer (assistant), the rejected one (role ``rejected``). Invalid records
     are skipped. ``file_type`` / ``fmt`` None means auto-detect (DatasetFormatError as in validate_file).
     """
     path = os.fspath(path)

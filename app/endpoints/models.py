@@ -49,6 +49,8 @@ class Endpoint(SQLModel, table=True):
     error: str | None = None
     log_tail: str | None = Field(default=None, sa_type=Text)  # the model server's latest output lines
     attempts: int = 0
+    # The endpoint whose model this one takes over: it is stopped once this one is ready (a promotion)
+    replaces_id: str | None = Field(default=None, foreign_key="endpoints.id", ondelete="SET NULL", max_length=32)
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     ready_at: datetime | None = None
@@ -101,6 +103,10 @@ class EndpointCreate(Schema):
     max_num_seqs: int = Field(default=16, ge=1, le=1024)
 
 
+class EndpointReplace(Schema):
+    artifact_id: str = Field(max_length=ID_LENGTH, description="the merged artifact to serve under the model's name")
+
+
 class EndpointPublic(SQLModel):
     id: str
     artifact_id: str
@@ -113,6 +119,7 @@ class EndpointPublic(SQLModel):
     url: str | None = Field(description="where its model server listens: shown to admins only (null for others)")
     error: str | None
     attempts: int
+    replaces_id: str | None = Field(description="the endpoint it takes the model name over from, once ready")
     created_at: datetime
     started_at: datetime | None
     ready_at: datetime | None

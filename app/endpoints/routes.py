@@ -13,7 +13,14 @@ from app.core.routing import Route
 from app.core.schemas import Offset
 from app.core.sse import watch_body
 from app.endpoints import service
-from app.endpoints.models import Endpoint, EndpointCreate, EndpointPublic, EndpointSamplePublic, EndpointsPublic
+from app.endpoints.models import (
+    Endpoint,
+    EndpointCreate,
+    EndpointPublic,
+    EndpointReplace,
+    EndpointSamplePublic,
+    EndpointsPublic,
+)
 
 router = APIRouter(route_class=Route, prefix="/api/v1/endpoints", tags=["endpoints"])
 
@@ -94,6 +101,19 @@ def endpoint_samples(
 def stop_endpoint(endpoint_id: str, session: SessionDep, user: CurrentUser) -> EndpointPublic:
     """Stop serving: the model server's process ends and its port is freed."""
     return service.to_public(session, service.request_stop(session, _get(session, user, endpoint_id)), user)
+
+
+@router.post("/{endpoint_id}/replace", response_model=EndpointPublic, status_code=status.HTTP_201_CREATED)
+def replace_endpoint(endpoint_id: str, data: EndpointReplace, session: SessionDep, user: CurrentUser) -> EndpointPublic:
+    """Promote another merged artifact into this ready endpoint's place, with no outage: a new endpoint
+    on the same pool serves it under the same model name; the gateway moves the name's requests to it
+    once it is ready, and this one stops after, finishing the requests it has. Answers the new endpoint
+    (its `replaces_id` is this one)."""
+    try:
+        new = service.replace(session, user, _get(session, user, endpoint_id), data.artifact_id)
+    except service.EndpointError as exc:
+        raise errors.answer(exc) from exc
+    return service.to_public(session, new, user)
 
 
 @router.post("/{endpoint_id}/restart", response_model=EndpointPublic)

@@ -8,8 +8,13 @@ Every change of an endpoint's state is a function here:
        +--request_stop (no worker yet)--> stopped
 
 The worker side (``worker/endpoints.py``) calls ``start``, ``phase``, ``ready``, ``heartbeat``, ``fail``
-and ``stopped``; the API calls ``create``, ``request_stop`` and ``delete``. A worker host that goes
-silent leaves its endpoints ``failed`` (``fail_stale``): its model server went with it.
+and ``stopped``; the API calls ``create``, ``replace``, ``request_stop`` and ``delete``. A worker host that
+goes silent leaves its endpoints ``failed`` (``fail_stale``): its model server went with it.
+
+A promotion (``replace``) is a new endpoint serving another artifact under the old one's model name.
+The gateway routes a name to its newest ready endpoint, so callers move over when the new one is ready;
+the old one is then asked to stop (in ``ready``), and its model server finishes the requests it has
+(it stops listening first: a request that finds it gone is sent to the new one).
 """
 
 from __future__ import annotations
@@ -99,37 +104,68 @@ def _check_limit(session: Session, owner_id: int) -> None:
     users.check_limit(session, owner_id, "max_live_endpoints", lambda: count_live(session, owner_id), "live endpoint")
 
 
-def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
-    artifact = session.get(Artifact, data.artifact_id)
+def _deployable(session: Session, owner: User, artifact_id: str, pool_name: str) -> tuple[Artifact, Pool]:
+    artifact = session.get(Artifact, artifact_id)
     if artifact is None or artifact.owner_id != owner.id:
-        raise EndpointError("artifact_id", f"unknown artifact {echo(data.artifact_id)}")
+        raise EndpointError("artifact_id", f"unknown artifact {echo(artifact_id)}")
     if artifact.status != ArtifactStatus.succeeded:
         raise EndpointError("artifact_id", f"artifact {artifact.id} is {artifact.status}; only a built one deploys")
-    pool = session.get(Pool, data.pool)
+    pool = session.get(Pool, pool_name)
     if pool is None:
-        raise EndpointError("pool", f"unknown pool {echo(data.pool)}")
+        raise EndpointError("pool", f"unknown pool {echo(pool_name)}")
     if artifact.kind != ArtifactKind.merged and runtime_for(pool) == Runtime.local:
         raise EndpointError(
             "artifact_id",
             f"artifact {artifact.id} is a PEFT adapter: the built-in model server of pool {pool.name!r} serves "
             "merged models (vLLM on a TPU or GPU pool serves adapters)",
         )
+    return artifact, pool
+
+
+def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
+    artifact, pool = _deployable(session, owner, data.artifact_id, data.pool)
     queue.check_broker()
     assert owner.id is not None, "the owner is a saved user"
     _check_limit(session, owner.id)
+    settings = {"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs}
+    return _deploy(session, owner.id, artifact, pool, artifact.name, settings)
+
+
+def _deploy(
+    session: Session, owner_id: int, artifact: Artifact, pool: Pool, model: str, settings: dict, **values
+) -> Endpoint:
     endpoint = Endpoint(
         id=new_id("ep"),
-        owner_id=owner.id,
+        owner_id=owner_id,
         artifact_id=artifact.id,
-        model=artifact.name,
+        model=model,
         pool=pool.name,
         runtime=runtime_for(pool),
-        settings={"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs},
+        settings=settings,
+        **values,
     )
     session.add(endpoint)
     session.commit()
     queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=pool.name)
     return endpoint
+
+
+def replace(session: Session, owner: User, old: Endpoint, artifact_id: str) -> Endpoint:
+    """Promote an artifact into a ready endpoint's place: a new endpoint on the same pool, with the same
+    settings, serving it under the old one's model name; once it is ready, the old one stops (``ready``).
+    Not counted against ``max_live_endpoints``: the two are live together only until then."""
+    if old.status != EndpointStatus.ready:
+        raise EndpointError(
+            "status", f"endpoint {old.id} is {old.status}; only a ready endpoint's model is replaced", conflict=True
+        )
+    artifact, pool = _deployable(session, owner, artifact_id, old.pool)
+    under_way = session.exec(
+        select(Endpoint.id).where(Endpoint.replaces_id == old.id, col(Endpoint.status).in_(ACTIVE))
+    ).first()
+    if under_way is not None:
+        raise EndpointError("status", f"endpoint {under_way} is already replacing endpoint {old.id}", conflict=True)
+    queue.check_broker()
+    return _deploy(session, old.owner_id, artifact, pool, old.model, dict(old.settings), replaces_id=old.id)
 
 
 def serving(session: Session, owner: User, model: str) -> Endpoint | None:
@@ -278,9 +314,14 @@ def phase(session: Session, endpoint: Endpoint, name: str, url: str | None = Non
 
 
 def ready(session: Session, endpoint: Endpoint, url: str) -> None:
+    """Ready: the gateway sends its model's requests here from now on, so the endpoint it replaces (if
+    any) is asked to stop."""
     session.refresh(endpoint)
     if endpoint.status == EndpointStatus.starting:
         _set(session, endpoint, EndpointStatus.ready, phase=None, url=url, ready_at=utcnow())
+        old = session.get(Endpoint, endpoint.replaces_id) if endpoint.replaces_id else None
+        if old is not None:
+            request_stop(session, old)
 
 
 def heartbeat(session: Session, endpoint: Endpoint, log_tail: str | None = None) -> EndpointStatus:

@@ -18,6 +18,10 @@ Per-sample reference metrics (:data:`METRICS`), every score a float in [0, 1]:
 * ``chrf``: sentence-level chrF (Popović, 2015) as computed by sacrebleu with its defaults (character
   n-grams up to 6, no word n-grams, beta 2, whitespace ignored), divided by 100. Two empty strings
   score 0.0.
+* ``perplexity`` (not a score of the reply: of the reference): ``exp(-mean log p(token))`` over the
+  reference's tokens as the model's chat template renders the reference as the assistant's reply (its
+  end-of-turn token included), given the prompt. Per sample from its own tokens; summarised over all
+  tokens of all samples (:func:`bootstrap_perplexity`), as a corpus perplexity is.
 * ``rouge_l``: ROUGE-L F-measure (Lin, 2004; the longest common subsequence of tokens) as computed by
   Google's ``rouge_score`` package with its default tokenizer and no stemming. That tokenizer
   lowercases and keeps only the ASCII runs ``[a-z0-9]+``, so text with no ASCII letters or digits
@@ -62,7 +66,14 @@ METRICS: dict[str, str] = {
     ),
     "chrf": "chrF: character n-gram F-score (orders 1-6, beta 2), sacrebleu's sentence chrF / 100",
     "rouge_l": "ROUGE-L F-measure: longest common subsequence of words, rouge_score's rougeL",
+    "perplexity": (
+        "perplexity of the reference given the prompt: exp of its mean negative log-likelihood per token "
+        "(the model's chat template; from the server's prompt log-probabilities; lower is better)"
+    ),
 }
+# Metrics that are not a score in [0, 1] of the reply's text: computed from the model's likelihood of the
+# reference (``perplexity``, lower is better), summarised over tokens and left out of the spread.
+LIKELIHOOD = frozenset({"perplexity"})
 
 # One search gets this long: a pattern that backtracks catastrophically would otherwise hold a worker
 # for hours. A search that times out counts as no match.
@@ -196,7 +207,7 @@ def rouge_l(output: str, reference: str) -> float:
 
 
 def score(output: str, reference: str, metrics: Sequence[str], pattern: str | None = None) -> dict[str, float]:
-    """The named :data:`METRICS` of one sample, name -> score in [0, 1].
+    """The named :data:`METRICS` of one sample that score its text, name -> score in [0, 1].
 
     Raises ValueError naming an unknown metric, and when ``regex_match`` is asked for without a
     pattern or with a bad one. Names are checked before anything is computed.
@@ -210,7 +221,7 @@ def score(output: str, reference: str, metrics: Sequence[str], pattern: str | No
         compile_pattern(pattern)
     out: dict[str, float] = {}
     for name in metrics:
-        if name in out:
+        if name in out or name in LIKELIHOOD:  # not from the text: see perplexity()
             continue
         if name == "exact_match":
             out[name] = exact_match(output, reference)
@@ -273,6 +284,39 @@ def bootstrap_ci(
     # The percentile interval of a mean holds the sample mean but for rounding in the resampled sums;
     # callers display mean [low, high] and may rely on the order.
     return mean, min(float(low), mean), max(float(high), mean)
+
+
+def perplexity(nll: float, tokens: int) -> float:
+    """exp(nll / tokens): one sample's perplexity from its summed negative log-likelihood."""
+    return math.exp(nll / tokens)
+
+
+def bootstrap_perplexity(
+    nll: Sequence[float], tokens: Sequence[int], *, resamples: int = 1000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """(perplexity, low, high) over samples: exp(total nll / total tokens), with a percentile bootstrap
+    interval over the samples (each resample of samples gives its own ratio). Raises ValueError for no
+    samples, a sample with no tokens or a value that is not finite."""
+    if not nll or len(nll) != len(tokens):
+        raise ValueError("bootstrap_perplexity needs as many token counts as log-likelihoods, at least one")
+    if any(t < 1 for t in tokens) or not all(math.isfinite(v) for v in nll):
+        raise ValueError("each sample needs a token and a finite log-likelihood")
+    import numpy as np
+
+    loss, count = np.asarray(nll, np.float64), np.asarray(tokens, np.float64)
+    value = math.exp(loss.sum() / count.sum())
+    if len(loss) == 1:
+        return value, value, value
+    rng = np.random.default_rng(seed)
+    rows = max(1, _BOOTSTRAP_CHUNK // len(loss))
+    ratios = np.empty(resamples, np.float64)
+    for start in range(0, resamples, rows):
+        stop = min(start + rows, resamples)
+        idx = rng.integers(0, len(loss), size=(stop - start, len(loss)))
+        ratios[start:stop] = loss[idx].sum(axis=1) / count[idx].sum(axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.exp(np.percentile(ratios, [100.0 * alpha / 2, 100.0 * (1.0 - alpha / 2)]))
+    return value, min(float(low), value), max(float(high), value)
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -346,12 +390,12 @@ def pairwise(outcomes: Sequence[str], *, confidence: float = 0.95) -> dict[str, 
 
 
 def differ_most(per_subject: Mapping[str, Mapping[str, float]]) -> float:
-    """How much subjects disagree on one sample: the largest max - min over subjects of any metric
-    that every subject has a score for. 0.0 with fewer than two subjects or no such metric."""
+    """How much subjects disagree on one sample: the largest max - min over subjects of any metric in
+    [0, 1] that every subject has a score for. 0.0 with fewer than two subjects or no such metric."""
     if len(per_subject) < 2:
         return 0.0
     scores = list(per_subject.values())
-    shared = set(scores[0]).intersection(*scores[1:])
+    shared = set(scores[0]).intersection(*scores[1:]) - LIKELIHOOD  # scores in [0, 1] only
     spread = 0.0
     for metric in shared:
         values = [s[metric] for s in scores]

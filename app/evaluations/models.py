@@ -127,6 +127,14 @@ class EvaluationCreate(EvaluationConfig):
     dataset_id: str = Field(max_length=ID_LENGTH, description="the eval set: a chat dataset of this user's")
 
 
+class Promotion(Schema):
+    """Deploy a checkpoint subject: into the place of a ready endpoint of yours (``endpoint_id``: it
+    keeps its model name, and its callers move over once the new one is ready), or as a new endpoint."""
+
+    subject: str = Field(max_length=8, description='the subject\'s key ("s0", "s1", ...)')
+    endpoint_id: str | None = Field(default=None, max_length=ID_LENGTH)
+
+
 class Evaluation(SQLModel, table=True):
     __tablename__ = "evaluations"  # pyright: ignore[reportAssignmentType]
     __table_args__ = (Index("ix_evaluations_owner_created", "owner_id", "created_at", "id"),)

@@ -13,6 +13,8 @@ from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
 from app.core.schemas import Offset
 from app.core.sse import watch_body
+from app.endpoints import service as endpoints
+from app.endpoints.models import EndpointPublic
 from app.evaluations import service
 from app.evaluations.models import (
     Evaluation,
@@ -21,6 +23,7 @@ from app.evaluations.models import (
     EvaluationSamplePublic,
     EvaluationSamplesPublic,
     EvaluationsPublic,
+    Promotion,
 )
 
 router = APIRouter(route_class=Route, prefix="/api/v1/evaluations", tags=["evaluations"])
@@ -103,6 +106,19 @@ def download_samples(evaluation_id: str, session: SessionDep, user: CurrentUser)
 
     headers = {"Content-Disposition": f'attachment; filename="{evaluation.id}-samples.jsonl"'}
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
+
+
+@router.post("/{evaluation_id}/promote", response_model=EndpointPublic, status_code=status.HTTP_201_CREATED)
+def promote(evaluation_id: str, data: Promotion, session: SessionDep, user: CurrentUser) -> EndpointPublic:
+    """Deploy a checkpoint subject (the merge made for the evaluation) in one action: in the place of a
+    ready endpoint (`endpoint_id`), which keeps its model name while its callers move to the new model
+    with no outage (see `POST /api/v1/endpoints/{id}/replace`), or as a new endpoint. Answers the new
+    endpoint."""
+    try:
+        endpoint = service.promote(session, user, _get(session, user, evaluation_id), data)
+    except service.EvaluationError as exc:
+        raise errors.answer(exc) from exc
+    return endpoints.to_public(session, endpoint, user)
 
 
 @router.post("/{evaluation_id}/cancel", response_model=EvaluationPublic)

@@ -22,7 +22,7 @@ from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id, seal
 from app.datasets.models import Dataset, DatasetStatus
-from app.endpoints.models import Endpoint, EndpointStatus
+from app.endpoints.models import Endpoint, EndpointCreate, EndpointStatus
 from app.evaluations import judge as judge_lib
 from app.evaluations import metrics
 from app.evaluations.models import (
@@ -33,14 +33,15 @@ from app.evaluations.models import (
     EvaluationPublic,
     EvaluationSample,
     EvaluationStatus,
+    Promotion,
     Subject,
 )
 from app.pools.models import Pool
 from app.runs.models import Run, RunCheckpoint
 
-# Dataset formats whose records end with an answer to score against (the last assistant message); a
-# `text` dataset has none.
-WITH_REFERENCES = {"chat", "prompt_completion", "alpaca"}
+# Dataset formats whose records end with an answer to score against (the last assistant message: a
+# preference pair's chosen answer); a `text` dataset has none.
+WITH_REFERENCES = {"chat", "prompt_completion", "alpaca", "preference"}
 
 
 class EvaluationError(FieldError):
@@ -92,6 +93,10 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         raise EvaluationError("pool", f"unknown pool {echo(where or '')}")
     queue.check_broker()
     assert owner.id is not None, "the owner is a saved user"
+    config = {
+        **data.model_dump(include=set(type(data).model_fields) - {"subjects", "dataset_id", "judge"}),
+        "judge": judge,
+    }
     evaluation = Evaluation(
         id=new_id("ev"),
         owner_id=owner.id,
@@ -101,12 +106,9 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         chips=pool_row.chips,
         price_per_chip_hour=pool_row.price_per_chip_hour,
         subjects=subjects,
-        config={
-            **data.model_dump(include=set(type(data).model_fields) - {"subjects", "dataset_id", "judge"}),
-            "judge": judge,
-        },
+        config=config,
         judge_key=judge_key,
-        samples_total=min(data.max_samples, dataset.valid_rows) * requests_per_sample(len(subjects), judge),
+        samples_total=min(data.max_samples, dataset.valid_rows) * requests_per_sample(len(subjects), config),
     )
     session.add(evaluation)
     session.commit()
@@ -114,12 +116,27 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
     return evaluation
 
 
-def requests_per_sample(subjects: int, judge: dict[str, Any] | None) -> int:
-    """Replies an evaluation gets per sample: each subject's, each judge's grade of them, and with
-    pairwise judging, two verdicts (both orders) for each pair of the first subject and another."""
+def sweep(session: Session, owner: User, run: Run) -> Evaluation:
+    """Every checkpoint of the run and its base model, on its validation dataset (else its training
+    dataset), with the run page's defaults: what ``eval_every_checkpoint`` starts."""
+    data = EvaluationCreate(
+        dataset_id=run.validation_dataset_id or run.dataset_id,
+        subjects=[Subject(kind="checkpoints", run_id=run.id), Subject(kind="base", run_id=run.id)],
+        max_samples=50,
+        max_tokens=64,
+    )
+    return create(session, owner, data)
+
+
+def requests_per_sample(subjects: int, config: dict[str, Any]) -> int:
+    """Requests an evaluation makes per sample: each subject's reply (and with ``perplexity`` its scoring
+    of the reference), each judge's grade of them, and with pairwise judging, two verdicts (both
+    orders) for each pair of the first subject and another."""
+    judge = config.get("judge")
+    per_subject = 2 if "perplexity" in config["metrics"] else 1
     if judge is None:
-        return subjects
-    return 2 * subjects + (2 * (subjects - 1) if judge["pairwise"] else 0)
+        return per_subject * subjects
+    return (per_subject + 1) * subjects + (2 * (subjects - 1) if judge["pairwise"] else 0)
 
 
 def _judge(session: Session, owner: User, data: EvaluationCreate) -> tuple[dict[str, Any] | None, str | None]:
@@ -274,17 +291,48 @@ def checkpoint_artifact(session: Session, evaluation: Evaluation, subject: dict)
     from app.artifacts import service as artifacts
 
     run = session.get_one(Run, subject["run_id"])
-    made = session.exec(
-        select(Artifact)
-        .where(
-            Artifact.run_id == run.id,
-            Artifact.kind == ArtifactKind.merged,
-            Artifact.checkpoint_step == subject["step"],
-            Artifact.status != ArtifactStatus.failed,
-        )
-        .order_by(col(Artifact.created_at).desc())
-    ).first()
+    made = _merge_of(session, run.id, subject["step"], exclude=ArtifactStatus.failed)
     return made or artifacts.new_merge(session, run, subject["step"])
+
+
+def _merge_of(session: Session, run_id: str, step: int, *, exclude: ArtifactStatus) -> Artifact | None:
+    """The newest merged artifact of the run's checkpoint at ``step`` that is not ``exclude``."""
+    query = select(Artifact).where(
+        Artifact.run_id == run_id,
+        Artifact.kind == ArtifactKind.merged,
+        Artifact.checkpoint_step == step,
+        Artifact.status != exclude,
+    )
+    return session.exec(query.order_by(col(Artifact.created_at).desc())).first()
+
+
+def promote(session: Session, owner: User, evaluation: Evaluation, data: Promotion) -> Endpoint:
+    """Deploy a checkpoint subject's merge (made for the evaluation): into a ready endpoint's place when
+    ``endpoint_id`` is given (``endpoints.replace``: its callers move over with no outage), else as a new
+    endpoint on the evaluation's pool."""
+    from app.endpoints import service as endpoints
+
+    subject = next((s for s in evaluation.subjects if s["key"] == data.subject), None)
+    if subject is None:
+        keys = ", ".join(s["key"] for s in evaluation.subjects)
+        raise EvaluationError("subject", f"evaluation {evaluation.id} has no subject {echo(data.subject)} ({keys})")
+    if subject["kind"] != "checkpoint":
+        raise EvaluationError("subject", f"{subject['label']} is a {subject['kind']}; only a checkpoint is promoted")
+    # Only a merge that was built: one still building (or queued) would make the endpoint fail to start.
+    artifact = _merge_of(session, subject["run_id"], subject["step"], exclude=ArtifactStatus.failed)
+    if artifact is None or artifact.status != ArtifactStatus.succeeded:
+        what = "is gone" if artifact is None else f"is {artifact.status}"
+        raise EvaluationError("subject", f"the merge of {subject['label']} {what}: evaluate it again", conflict=True)
+    try:
+        if data.endpoint_id is None:
+            create = EndpointCreate(artifact_id=artifact.id, pool=evaluation.pool)
+            return endpoints.create(session, owner, create)
+        old = endpoints.get(session, owner, data.endpoint_id)
+        if old is None:
+            raise EvaluationError("endpoint_id", f"endpoint {echo(data.endpoint_id)} not found", missing=True)
+        return endpoints.replace(session, owner, old, artifact.id)
+    except endpoints.EndpointError as exc:
+        raise EvaluationError(exc.field, str(exc), conflict=exc.conflict, missing=exc.missing) from exc
 
 
 def running(session: Session, evaluation_ids: list[str]) -> set[str]:
@@ -332,9 +380,11 @@ def progress(
 
 
 def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Score every sample (``position``, ``messages``, ``reference``, ``outputs`` per subject key, and with a
+    """Score every sample (``position``, ``messages``, ``reference``, ``outputs`` per subject key, with
+    ``perplexity`` its ``likelihoods`` per subject key ({"nll", "tokens"} of the reference), and with a
     judge its ``judgements``), store them, and the summary per subject: each metric's mean with its 95%
-    bootstrap interval (the judge's grade as metric ``judge``, with the count of ``unparsable`` verdicts),
+    bootstrap interval (``perplexity``: over all tokens; the judge's grade as metric ``judge``, with the
+    count of ``unparsable`` verdicts),
     and under ``pairwise``, per pair, win/tie/loss rates of the first subject with Wilson intervals."""
     config = evaluation.config
     keys = [s["key"] for s in evaluation.subjects]
@@ -342,11 +392,16 @@ def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]])
     unparsable: dict[str, int] = {}
     outcomes: dict[str, list[str]] = {}
     samples = []
+    likelihood: dict[str, tuple[list[float], list[int]]] = {k: ([], []) for k in keys}  # nll and tokens
     for row in rows:
         judgements = row.get("judgements", {})
         scores = {
             k: metrics.score(row["outputs"][k], row["reference"], config["metrics"], config.get("regex")) for k in keys
         }
+        for k, scored in row.get("likelihoods", {}).items():
+            scores[k]["perplexity"] = metrics.perplexity(scored["nll"], scored["tokens"])
+            likelihood[k][0].append(scored["nll"])
+            likelihood[k][1].append(scored["tokens"])
         for name, verdict in judgements.items():
             if "unparsable" in verdict:
                 unparsable[name] = unparsable.get(name, 0) + 1
@@ -373,7 +428,11 @@ def record(session: Session, evaluation: Evaluation, rows: list[dict[str, Any]])
     for k, by_metric in per_subject.items():
         summary[k] = {}
         for m, values in by_metric.items():
-            if values:
+            if m == "perplexity" and values:  # over every token of every sample, not a mean of samples
+                nll, tokens = likelihood[k]
+                mean, low, high = metrics.bootstrap_perplexity(nll, tokens)
+                summary[k][m] = {"mean": mean, "low": low, "high": high, "n": len(values), "tokens": sum(tokens)}
+            elif values:
                 mean, low, high = metrics.bootstrap_ci(values)
                 summary[k][m] = {"mean": mean, "low": low, "high": high, "n": len(values)}
         if config.get("judge"):

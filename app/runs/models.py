@@ -57,6 +57,11 @@ class RunConfig(Schema):
     eval_every_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
     checkpoint_every_steps: int = Field(default=20, ge=1, le=MAX_STEPS)
     checkpoints_kept: int = Field(default=3, ge=1, le=100)
+    eval_every_checkpoint: bool = Field(
+        default=False,
+        description="when the run succeeds, evaluate every checkpoint it kept and its base model (exact match, "
+        "chrF) on its validation dataset, else its training dataset: the run page charts the score by step",
+    )
     mesh_fsdp: int | None = Field(default=None, ge=1, le=4096, description="default: the pool's chips / tp")
     mesh_tp: int | None = Field(default=None, ge=1, le=4096, description="default: 1")
     remat: Literal["none", "block", "decoder"] = "none"

@@ -96,6 +96,12 @@ def _dataset(session: Session, owner: User, dataset_id: str, field: str) -> Data
         raise RunInvalid((field,), f"unknown dataset {echo(dataset_id)}")
     if dataset.status == DatasetStatus.invalid:
         raise RunInvalid((field,), f"dataset {dataset_id} is invalid ({dataset.error_count} errors): fix and re-upload")
+    if dataset.format == "preference":
+        raise RunInvalid(
+            (field,),
+            f"dataset {dataset_id} holds preference pairs (prompt, chosen, rejected): a run fine-tunes on chat, "
+            "prompt_completion, alpaca or text records",
+        )
     return dataset
 
 
@@ -546,6 +552,21 @@ def finish(session: Session, run: Run, *, stopped_by: str | None) -> None:
         run.fine_tuned_model = fine_tuned_model_name(run)
         _finish(session, run, RunStatus.succeeded, None)
         artifacts.on_run_succeeded(session, run)
+        if run.config.get("eval_every_checkpoint"):
+            _evaluate_checkpoints(session, run)
+
+
+def _evaluate_checkpoints(session: Session, run: Run) -> None:
+    """The checkpoint sweep its config asks for, started once it has succeeded (while it trained, its
+    chips were the training's): a run event names the evaluation, or why none could start."""
+    from app.evaluations import service as evaluations
+
+    try:
+        evaluation = evaluations.sweep(session, session.get_one(User, run.owner_id), run)
+        event(session, run, f"evaluating every checkpoint and the base model: {evaluation.id}")
+    except evaluations.EvaluationError as exc:
+        event(session, run, f"could not start the checkpoint evaluation: {exc}", level="warning")
+    session.commit()
 
 
 def fail(session: Session, run: Run, error: str) -> None:

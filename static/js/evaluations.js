@@ -71,7 +71,7 @@
       el("td", {}, labels[k]),
       metrics.map((m) => {
         const s = e.summary[k][m];
-        const shown = s && s.n ? pct(s.mean) + " [" + pct(s.low) + "–" + pct(s.high) + "]" : "–";
+        const shown = s && s.n ? R.evalText(m, s.mean) + " [" + R.evalText(m, s.low) + "–" + R.evalText(m, s.high) + "]" : "–";
         const bad = s && s.unparsable ? el("span", { className: "faint", title: "verdicts the judge did not give as asked" }, " · " + s.unparsable + " unparsable") : null;
         return el("td", { className: "num", title: s ? "n = " + s.n : "" }, shown, bad);
       }))));
@@ -99,34 +99,77 @@
     const select = $("chart-metric");
     if (!select.options.length) {
       select.replaceChildren(...metrics.map((m) => el("option", { value: m }, m)));
-      // Shown first: the metric on which the subjects differ most.
-      const gap = (m) => { const v = keys.map((k) => (e.summary[k][m] || {}).mean || 0); return Math.max(...v) - Math.min(...v); };
+      // Shown first: the metric on which the subjects differ most (perplexity, not a share, only alone).
+      const gap = (m) => { if (R.evalScale(m) !== 100) return -1; const v = keys.map((k) => (e.summary[k][m] || {}).mean || 0); return Math.max(...v) - Math.min(...v); };
       select.value = metrics.reduce((best, m) => (gap(m) > gap(best) ? m : best), metrics[0]);
       select.addEventListener("change", () => drawChart(current, keys));
     }
     if (!window.Chart) return;
     const m = select.value;
+    const k = R.evalScale(m);
     const data = {
-      labels: keys.map((k) => labels[k]),
+      labels: keys.map((key) => labels[key]),
       datasets: [
-        { label: "95% interval", data: keys.map((k) => (e.summary[k][m] || {}).n ? [100 * e.summary[k][m].low, 100 * e.summary[k][m].high] : null), backgroundColor: R.alpha(R.color(1), 0.35), barPercentage: 0.5 },
-        { label: "mean", data: keys.map((k) => (e.summary[k][m] || {}).n ? 100 * e.summary[k][m].mean : null), backgroundColor: R.color(0), barPercentage: 0.15 },
+        { label: "95% interval", data: keys.map((key) => (e.summary[key][m] || {}).n ? [k * e.summary[key][m].low, k * e.summary[key][m].high] : null), backgroundColor: R.alpha(R.color(1), 0.35), barPercentage: 0.5 },
+        { label: "mean", data: keys.map((key) => (e.summary[key][m] || {}).n ? k * e.summary[key][m].mean : null), backgroundColor: R.color(0), barPercentage: 0.15 },
       ],
     };
+    const y = { beginAtZero: true, max: k === 100 ? 100 : undefined, title: { display: true, text: R.evalAxis(m) } };
     if (!chart) {
       chart = new window.Chart($("summary-chart"), {
         type: "bar",
         data,
         options: { animation: false, responsive: true, maintainAspectRatio: false,
-          scales: { x: { stacked: true }, y: { beginAtZero: true, max: 100, title: { display: true, text: m + " (%)" } } },
+          scales: { x: { stacked: true }, y },
           plugins: { legend: { display: true, position: "top", align: "end" } } },
       });
     } else {
       chart.data = data;
-      chart.options.scales.y.title.text = m + " (%)";
+      chart.options.scales.y = y;
       chart.update("none");
     }
   }
+
+  // ---------- promote: a checkpoint subject deployed, new or into a ready endpoint's place ----------
+  const checkpoints = initial.subjects.filter((s) => s.kind === "checkpoint");
+  let promoteShown = false;
+
+  async function renderPromote(e) {
+    if (e.status !== "succeeded" || !checkpoints.length || promoteShown) return;
+    promoteShown = true;
+    // The best checkpoint by the charted metric comes first, marked.
+    const m = $("chart-metric").value || metrics[0];
+    const score = (s) => ((e.summary[s.key] || {})[m] || {}).mean;
+    const scored = checkpoints.filter((s) => score(s) !== undefined);
+    const ranked = scored.sort((a, b) => (R.evalBetter(m, score(a), score(b)) ? -1 : R.evalBetter(m, score(b), score(a)) ? 1 : 0))
+      .concat(checkpoints.filter((s) => score(s) === undefined));
+    $("promote-subject").replaceChildren(...ranked.map((s, i) => el("option", { value: s.key },
+      s.label + " · " + m + " " + R.evalText(m, score(s)) + (i === 0 && ranked.length > 1 ? " (best)" : ""))));
+    const ready = (await api("/api/v1/endpoints?limit=1000")).data.filter((x) => x.status === "ready");
+    $("promote-target").replaceChildren(el("option", { value: "" }, "a new endpoint"),
+      ...ready.map((x) => el("option", { value: x.id }, "the place of " + x.id + " (" + x.model + ")")));
+    $("promote-card").hidden = false;
+  }
+
+  $("promote-button").addEventListener("click", async () => {
+    const button = $("promote-button");
+    button.disabled = true;
+    $("promote-error").hidden = true;
+    try {
+      const target = $("promote-target").value;
+      const body = { subject: $("promote-subject").value };
+      if (target) body.endpoint_id = target;
+      const made = await api(base + "/promote", { method: "POST", json: body });
+      $("promote-done").replaceChildren("Deploying as ", el("a", { className: "mono", id: "promoted-endpoint", href: "/endpoints/" + encodeURIComponent(made.id) }, made.id),
+        target ? " under the name " + made.model + ": " + target + " stops once it is ready." : ".");
+      $("promote-done").hidden = false;
+    } catch (err) {
+      $("promote-error").textContent = err.message;
+      $("promote-error").hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+  });
 
   function verdict(j) {
     if (!j) return null;
@@ -146,9 +189,9 @@
       el("td", { className: "num" }, s.position),
       el("td", { className: "small" }, s.messages.filter((msg) => msg.role === "user").slice(-1).map((msg) => msg.content)),
       el("td", { className: "small" }, s.reference),
-      keys.map((k) => el("td", { className: "small", title: Object.entries(s.scores[k]).map(([m, v]) => m + " " + pct(v)).join(", ") },
+      keys.map((k) => el("td", { className: "small", title: Object.entries(s.scores[k]).map(([m, v]) => m + " " + R.evalText(m, v)).join(", ") },
         el("div", {}, s.outputs[k]),
-        el("div", { className: "faint mono" }, metrics.filter((m) => m in s.scores[k]).map((m) => m + " " + pct(s.scores[k][m])).join(" · ")),
+        el("div", { className: "faint mono" }, metrics.filter((m) => m in s.scores[k]).map((m) => m + " " + R.evalText(m, s.scores[k][m])).join(" · ")),
         verdict(s.judgements[k]))),
       el("td", { className: "num" }, pct(s.spread))));
     if (reset) table.tBodies[0].replaceChildren(...rows);
@@ -176,6 +219,7 @@
       scoredLoaded = true;
       loadSamples(true);
     }
+    renderPromote(e);
   }
 
   document.addEventListener("DOMContentLoaded", () => {

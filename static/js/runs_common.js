@@ -196,7 +196,7 @@
     "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "quantization", "learning_rate", "lr_schedule",
     "warmup_steps", "epochs", "max_steps", "batch_size", "grad_accum_steps", "max_seq_len", "packing",
     "assistant_only_loss", "enable_thinking", "seed", "validation_fraction", "eval_every_steps", "checkpoint_every_steps",
-    "checkpoints_kept", "mesh_fsdp", "mesh_tp", "remat", "dtype",
+    "checkpoints_kept", "eval_every_checkpoint", "mesh_fsdp", "mesh_tp", "remat", "dtype",
   ];
 
   function configKeys(...configs) {
@@ -206,7 +206,16 @@
     return keys.sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
   }
 
+  // Evaluation metrics: a score in [0, 1] is shown as a percentage, higher is better; perplexity as it
+  // is, lower is better.
+  const LOWER_IS_BETTER = new Set(["perplexity"]);
+  const evalScale = (m) => (LOWER_IS_BETTER.has(m) ? 1 : 100);
+  const evalText = (m, v) => (v === null || v === undefined ? "–" : LOWER_IS_BETTER.has(m) ? Number(v).toFixed(2) : (100 * v).toFixed(1));
+  const evalBetter = (m, a, b) => (LOWER_IS_BETTER.has(m) ? a < b : a > b);
+  const evalAxis = (m) => (LOWER_IS_BETTER.has(m) ? m + " (lower is better)" : m + " (%)");
+
   window.TDRuns = {
+    evalScale, evalText, evalBetter, evalAxis,
     CONFIG_ORDER, configKeys,
     STATUSES, TERMINAL, ACTIVE, isTerminal, runPill, statusCell,
     fmtCompact, fmtGiB, fmtUSD, fmtDuration, fmtMetric, fmtValue, elapsed,

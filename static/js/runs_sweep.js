@@ -8,7 +8,7 @@
   const $ = (id) => document.getElementById(id);
   if (!$("sweep-card")) return;
   const run = JSON.parse($("run-data").textContent);
-  const pct = (v) => (100 * v).toFixed(1) + "%";
+  const R = window.TDRuns;
   let chart = null;
   let shown = null;
 
@@ -54,27 +54,29 @@
       $("sweep-note").textContent = "";
       return;
     }
-    const best = points.reduce((a, b) => (b.mean > a.mean ? b : a));
+    const best = points.reduce((a, b) => (R.evalBetter(m, b.mean, a.mean) ? b : a));
+    const score = (v) => R.evalText(m, v) + (R.evalScale(m) === 100 ? "%" : "");
     $("sweep-note").replaceChildren(
-      el("span", { id: "sweep-best", dataset: { step: String(best.step) } }, "Best by " + m + ": step " + best.step + " (" + pct(best.mean) + ")"),
-      baseScore && baseScore.n ? el("span", { className: "muted" }, " · base model " + pct(baseScore.mean)) : null,
+      el("span", { id: "sweep-best", dataset: { step: String(best.step) } }, "Best by " + m + ": step " + best.step + " (" + score(best.mean) + ")"),
+      baseScore && baseScore.n ? el("span", { className: "muted" }, " · base model " + score(baseScore.mean)) : null,
     );
+    const k = R.evalScale(m);
     if (!window.Chart) return;
     const xs = points.map((p) => p.step);
     const datasets = [
-      { label: "95% interval (high)", data: points.map((p) => ({ x: p.step, y: 100 * p.high })), borderWidth: 0, pointRadius: 0, fill: false },
-      { label: "95% interval", data: points.map((p) => ({ x: p.step, y: 100 * p.low })), borderWidth: 0, pointRadius: 0, fill: "-1", backgroundColor: "rgba(79, 70, 229, 0.15)" },
+      { label: "95% interval (high)", data: points.map((p) => ({ x: p.step, y: k * p.high })), borderWidth: 0, pointRadius: 0, fill: false },
+      { label: "95% interval", data: points.map((p) => ({ x: p.step, y: k * p.low })), borderWidth: 0, pointRadius: 0, fill: "-1", backgroundColor: "rgba(79, 70, 229, 0.15)" },
       {
-        label: m, data: points.map((p) => ({ x: p.step, y: 100 * p.mean })), borderColor: "#4f46e5", backgroundColor: "#4f46e5", tension: 0,
+        label: m, data: points.map((p) => ({ x: p.step, y: k * p.mean })), borderColor: "#4f46e5", backgroundColor: "#4f46e5", tension: 0,
         pointRadius: points.map((p) => (p === best ? 7 : 3.5)), pointBackgroundColor: points.map((p) => (p === best ? "#16a34a" : "#4f46e5")),
       },
     ];
     if (baseScore && baseScore.n) {
-      datasets.push({ label: "base model", data: [{ x: Math.min(...xs), y: 100 * baseScore.mean }, { x: Math.max(...xs), y: 100 * baseScore.mean }],
+      datasets.push({ label: "base model", data: [{ x: Math.min(...xs), y: k * baseScore.mean }, { x: Math.max(...xs), y: k * baseScore.mean }],
         borderColor: "#d97706", borderDash: [6, 4], pointRadius: 0, borderWidth: 1.5 });
     }
     const options = { animation: false, responsive: true, maintainAspectRatio: false,
-      scales: { x: { type: "linear", title: { display: true, text: "step" } }, y: { beginAtZero: true, max: 100, title: { display: true, text: m + " (%)" } } },
+      scales: { x: { type: "linear", title: { display: true, text: "step" } }, y: { beginAtZero: k === 100, max: k === 100 ? 100 : undefined, title: { display: true, text: R.evalAxis(m) } } },
       plugins: { legend: { display: true, position: "top", align: "end", labels: { filter: (item) => item.text !== "95% interval (high)" } } } };
     if (chart) chart.destroy();
     chart = new window.Chart($("sweep-chart"), { type: "line", data: { datasets }, options });

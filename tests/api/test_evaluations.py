@@ -3,6 +3,7 @@ run's pool, asked the demo set's prompts, scored against its references; samples
 downloadable; bad requests named and changing nothing."""
 
 import json
+import math
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +29,9 @@ def wait_evaluation(server, client, evaluation_id: str, timeout: float = 300) ->
     return server.wait_for(done, timeout=timeout, interval=0.5, what=f"evaluation {evaluation_id}")
 
 
-def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, trained_run, artifact):
+@pytest.fixture(scope="module")
+def checkpoint_evaluation(server, api, trained_run) -> dict:
+    """Step 3 (not merged yet: merged for it) and the base, asked 8 prompts and scored, as created."""
     run = trained_run
     body = {
         "dataset_id": run["dataset_id"],
@@ -36,7 +39,7 @@ def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, train
             {"kind": "checkpoint", "run_id": run["id"], "step": 3},  # not merged yet: merged for it
             {"kind": "base", "run_id": run["id"]},
         ],
-        "metrics": METRICS,
+        "metrics": [*METRICS, "perplexity"],
         "max_samples": 8,
         "max_tokens": 12,
         "concurrency": 4,
@@ -44,12 +47,17 @@ def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, train
     r = api.post("/api/v1/evaluations", json=body)
     assert r.status_code == 201, r.text
     created = r.json()
-    assert created["status"] == "queued" and created["samples_total"] == 16
+    assert created["status"] == "queued" and created["samples_total"] == 32  # a reply and a scoring each
     assert [s["key"] for s in created["subjects"]] == ["s0", "s1"]
     assert [s.get("step") for s in created["subjects"]] == [3, None]
-    ev = wait_evaluation(server, api, created["id"])
+    return created
+
+
+def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, trained_run, checkpoint_evaluation):
+    run = trained_run
+    ev = wait_evaluation(server, api, checkpoint_evaluation["id"])
     assert ev["status"] == "succeeded", (ev["error"], server.log()[-3000:])
-    assert ev["samples_done"] == 16 and ev["chip_seconds"] > 0 and ev["phase"] is None
+    assert ev["samples_done"] == 32 and ev["chip_seconds"] > 0 and ev["phase"] is None
 
     for key in ("s0", "s1"):
         for metric in METRICS:
@@ -93,6 +101,40 @@ def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, train
     listed = api.get("/api/v1/evaluations", params={"run_id": run["id"]}).json()
     assert ev["id"] in [e["id"] for e in listed["data"]]
     assert api.post(f"/api/v1/evaluations/{ev['id']}/cancel").status_code == 409
+
+
+def test_the_references_perplexity_is_what_transformers_computes(server, api, trained_run, checkpoint_evaluation):
+    """The references' perplexity under step 3, as transformers computes it: the reference's tokens are
+    those the checkpoint's chat template gives the answer, its end-of-turn marker included."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ev = wait_evaluation(server, api, checkpoint_evaluation["id"])
+    samples = api.get(f"/api/v1/evaluations/{ev['id']}/samples", params={"limit": 100}).json()["data"]
+    (step3,) = [
+        a
+        for a in api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
+        if a["kind"] == "merged" and a["checkpoint_step"] == 3 and a["status"] == "succeeded"
+    ]
+    tok = AutoTokenizer.from_pretrained(step3["path"])
+    hf = AutoModelForCausalLM.from_pretrained(step3["path"], dtype=torch.float32)
+    end_of_turn = tok.convert_tokens_to_ids("<turn|>")
+    total_nll = total_tokens = 0.0
+    for s in samples:
+        answered = [*s["messages"], {"role": "assistant", "content": s["reference"]}]
+        encode = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731 - the template has <bos>
+        prompt = encode(tok.apply_chat_template(s["messages"], tokenize=False, add_generation_prompt=True))
+        ids = encode(tok.apply_chat_template(answered, tokenize=False))
+        assert ids[: len(prompt)] == prompt
+        targets = range(len(prompt), ids.index(end_of_turn, len(prompt)) + 1)
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+        nll = -sum(float(logp[k - 1, ids[k]]) for k in targets)
+        assert s["scores"]["s0"]["perplexity"] == pytest.approx(math.exp(nll / len(targets)), rel=1e-3)
+        total_nll, total_tokens = total_nll + nll, total_tokens + len(targets)
+    ppl = ev["summary"]["s0"]["perplexity"]
+    assert ppl["tokens"] == total_tokens and ppl["mean"] == pytest.approx(math.exp(total_nll / total_tokens), rel=1e-3)
+    assert ppl["low"] <= ppl["mean"] <= ppl["high"] and ev["summary"]["s1"]["perplexity"]["n"] == 8
 
 
 def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
@@ -166,7 +208,13 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
 @pytest.fixture(scope="module")
 def judge_endpoint(server, api, artifact) -> dict:
     """A ready endpoint of the tiny model, to be the judge (and a subject); stopped after the module."""
-    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 1024, "max_num_seqs": 8})
+    yield from _served(server, api, artifact["id"])
+
+
+def _served(server, api, artifact_id: str):
+    """A fixture's ready endpoint of the artifact, stopped after. Every one has the same settings, so the
+    programs the first compiled (in the persistent cache) serve the others too."""
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact_id, "max_model_len": 1024, "max_num_seqs": 8})
     assert r.status_code == 201, r.text
     endpoint = wait_endpoint(server, api, r.json()["id"], ("ready", "failed"))
     assert endpoint["status"] == "ready", endpoint["error"]
@@ -351,3 +399,204 @@ def test_a_checkpoints_subject_is_every_checkpoint_of_the_run_in_step_order(serv
     ]
     assert [s["label"] for s in subjects] == [f"{trained_run['id']} step 3", f"{trained_run['id']} step 6"]
     assert api.post(f"/api/v1/evaluations/{r.json()['id']}/cancel").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def step3_endpoint(server, api, trained_run, checkpoint_evaluation) -> dict:
+    """The step-3 merge (made for the checkpoint evaluation) served: a second model beside the judge's."""
+    assert wait_evaluation(server, api, checkpoint_evaluation["id"])["status"] == "succeeded"
+    (step3,) = [
+        a
+        for a in api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
+        if a["kind"] == "merged" and a["checkpoint_step"] == 3 and a["status"] == "succeeded"
+    ]
+    yield from _served(server, api, step3["id"])
+
+
+def _answer(api, battle_id: str, side: str) -> tuple[str, str]:
+    """Stream one side's answer: (its text put together from the token events, the raw stream)."""
+    with api.stream("POST", f"/api/v1/arena/battles/{battle_id}/answers/{side}") as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        raw = r.read().decode().replace("\r\n", "\n")
+    events = [
+        (e.split("event: ", 1)[1].split("\n", 1)[0], json.loads(e.split("data: ", 1)[1].split("\n", 1)[0]))
+        for e in raw.split("\n\n")
+        if e.startswith("event: ")
+    ]
+    assert events and events[-1][0] == "done" and all(name == "token" for name, _ in events[:-1]), raw
+    return "".join(data["text"] for _, data in events[:-1]), raw
+
+
+def test_the_arena_hides_names_until_the_vote_rates_models_and_exports_votes_as_preferences(
+    server, api, trained_run, artifact, judge_endpoint, step3_endpoint
+):
+    pair = [judge_endpoint["id"], step3_endpoint["id"]]
+    models = {judge_endpoint["model"], step3_endpoint["model"]}
+    before = api.get("/api/v1/arena/battles").json()["count"]
+    votes_before = api.get("/api/v1/arena/leaderboard").json()["votes"]  # the browser tests' may share the server
+    for body, status, words in [
+        ({"endpoint_ids": [pair[0], pair[0]], "prompt": "hi"}, 422, "two different endpoints"),
+        ({"endpoint_ids": pair, "prompt": "hi", "dataset_id": trained_run["dataset_id"], "position": 0}, 422, "either"),
+        ({"endpoint_ids": [pair[0], "ep-nope"], "prompt": "hi"}, 404, "endpoint 'ep-nope' not found"),
+        (
+            {"endpoint_ids": pair, "dataset_id": trained_run["dataset_id"], "position": 10**6},
+            422,
+            "conversations with a reply",
+        ),
+    ]:
+        r = api.post("/api/v1/arena/battles", json=body)
+        assert r.status_code == status and words in r.text, (body, r.text)
+    assert api.get("/api/v1/arena/battles").json()["count"] == before
+
+    votes = ["a", "b", "a", "tie"]
+    outcomes = []  # (side a's model, side b's model, vote)
+    for i, vote in enumerate(votes):
+        body = {"endpoint_ids": pair, "max_tokens": 6}
+        body |= (
+            {"prompt": f"Capital of country {i}?"} if i else {"dataset_id": trained_run["dataset_id"], "position": 2}
+        )
+        r = api.post("/api/v1/arena/battles", json=body)
+        assert r.status_code == 201, r.text
+        battle = r.json()
+        assert battle["sides"] is None and battle["messages"][-1]["role"] == "user"
+        assert not models & set(json.dumps(battle).split('"')), "no model is named before the vote"
+        if i == 0:  # the eval set's third conversation, without its reply
+            assert battle["messages"][-1]["content"].startswith("What is the capital of")
+            r = api.post(f"/api/v1/arena/battles/{battle['id']}/vote", json={"vote": "a"})
+            assert r.status_code == 409 and "side a has not answered yet" in r.text, r.text
+        answers = {}
+        for side in ("a", "b"):
+            answers[side], raw = _answer(api, battle["id"], side)
+            assert not any(m in raw for m in models), "no event names the model"
+        stored = api.get(f"/api/v1/arena/battles/{battle['id']}").json()
+        assert stored["outputs"] == answers and stored["sides"] is None
+        r = api.post(f"/api/v1/arena/battles/{battle['id']}/vote", json={"vote": vote})
+        assert r.status_code == 200, r.text
+        sides = r.json()["sides"]
+        assert {s["endpoint_id"] for s in sides} == set(pair) and {s["model"] for s in sides} == models
+        outcomes.append((sides[0]["model"], sides[1]["model"], vote))
+    again = api.post(f"/api/v1/arena/battles/{battle['id']}/vote", json={"vote": "b"})
+    assert again.status_code == 409 and "already voted on (tie)" in again.text
+    assert api.post(f"/api/v1/arena/battles/{battle['id']}/answers/a").status_code == 409
+
+    board = api.get("/api/v1/arena/leaderboard").json()
+    assert board["votes"] == votes_before + 4
+    mine = [row for row in board["data"] if row["model"] in models]  # no other battle had these two
+    assert len(mine) == 2
+    for row in mine:
+        m = row["model"]
+        wins = sum((a == m and v == "a") or (b == m and v == "b") for a, b, v in outcomes)
+        losses = sum((a == m and v == "b") or (b == m and v == "a") for a, b, v in outcomes)
+        assert (row["battles"], row["wins"], row["losses"], row["ties"]) == (4, wins, losses, 1), (row, outcomes)
+    a_wins = {row["model"]: row["wins"] for row in mine}
+    (top, bottom) = mine
+    assert a_wins[top["model"]] >= a_wins[bottom["model"]] and top["bt"] >= bottom["bt"]
+
+    # The votes with a winner (and two answers that are not blank: the tiny model's may be), as a
+    # preference dataset that validates...
+    battles = api.get("/api/v1/arena/battles").json()["data"]
+    pairs = [b for b in battles if b["vote"] in ("a", "b") and all(o.strip() for o in b["outputs"].values())]
+    assert pairs, battles
+    r = api.post("/api/v1/arena/export", json={"name": "votes"})
+    assert r.status_code == 201, r.text
+    exported = wait_dataset(server, api, r.json()["id"])
+    assert (exported["status"], exported["format"], exported["rows"], exported["filename"]) == (
+        "ready",
+        "preference",
+        len(pairs),
+        "votes.jsonl",
+    ), exported
+    rows = [json.loads(line) for line in api.get(f"/api/v1/datasets/{exported['id']}/content").text.splitlines()]
+    # ... which TRL's preference trainers take as it is: conversational, and rendered by the model's own
+    # chat template into a prompt that ends where the answers begin.
+    from transformers import AutoTokenizer
+    from trl.data_utils import is_conversational, maybe_apply_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(artifact["path"])
+    for row in rows:
+        assert is_conversational(row)
+        text = maybe_apply_chat_template(row, tokenizer)
+        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        assert text["prompt"] == prompt and row["chosen"][0]["content"].strip() in text["chosen"], text
+    # ... and a run refuses it, naming the field.
+    r = api.post("/api/v1/runs", json={"dataset_id": exported["id"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "dataset_id"], r.text
+    assert "preference pairs" in r.json()["detail"][0]["msg"]
+
+
+def _stream_by_name(server, model: str, stop: threading.Event, results: list) -> None:
+    """Stream chat completions of `model` through the gateway until `stop`: one (ok, what) per request."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Capital of Chad?"}], "max_tokens": 8}
+    with server.client() as client:
+        while not stop.is_set():
+            try:
+                with client.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as r:
+                    lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+                chunks = [json.loads(line[6:]) for line in lines[:-1]]
+                ok = r.status_code == 200 and lines[-1:] == ["data: [DONE]"] and not any("error" in c for c in chunks)
+                results.append((ok, r.status_code if ok else (r.status_code, lines[-3:])))
+            except httpx.HTTPError as exc:
+                results.append((False, repr(exc)))
+            stop.wait(0.05)  # a client in a loop, not a load test: the switch is what is tested
+
+
+def test_promoting_a_checkpoint_into_an_endpoints_place_loses_no_request(
+    server, api, trained_run, checkpoint_evaluation, judge_endpoint
+):
+    """Clients stream the endpoint's model by name throughout. The evaluated step-3 checkpoint is promoted
+    into the place of the endpoint serving step 6: the gateway moves the name over once the new endpoint
+    is ready, the old one stops after, and not one request fails."""
+    ev = wait_evaluation(server, api, checkpoint_evaluation["id"])
+    old = judge_endpoint
+    (step3,) = [
+        a
+        for a in api.get("/api/v1/artifacts", params={"run_id": trained_run["id"]}).json()["data"]
+        if a["kind"] == "merged" and a["checkpoint_step"] == 3 and a["status"] == "succeeded"
+    ]
+    url = f"/api/v1/evaluations/{ev['id']}/promote"
+    r = api.post(url, json={"subject": "s1", "endpoint_id": old["id"]})
+    assert r.status_code == 422 and "only a checkpoint is promoted" in r.text, r.text  # s1 is the base
+    r = api.post(url, json={"subject": "s7", "endpoint_id": old["id"]})
+    assert r.status_code == 422 and "no subject 's7' (s0, s1)" in r.text, r.text
+    r = api.post(url, json={"subject": "s0", "endpoint_id": "ep-nope"})
+    assert r.status_code == 404 and "endpoint 'ep-nope' not found" in r.text, r.text
+
+    results: list = []
+    stop = threading.Event()
+    clients = [threading.Thread(target=_stream_by_name, args=(server, old["model"], stop, results)) for _ in range(2)]
+    for c in clients:
+        c.start()
+    new = None
+    try:
+        server.wait_for(lambda: len(results) >= 6, timeout=60, what="requests before the promotion")
+        r = api.post(url, json={"subject": "s0", "endpoint_id": old["id"]})
+        assert r.status_code == 201, r.text
+        new = r.json()
+        assert (new["replaces_id"], new["model"], new["artifact_id"]) == (old["id"], old["model"], step3["id"])
+        again = api.post(url, json={"subject": "s0", "endpoint_id": old["id"]})
+        assert again.status_code == 409 and f"{new['id']} is already replacing" in again.text, again.text
+        assert wait_endpoint(server, api, new["id"], ("ready", "failed"))["status"] == "ready"
+        assert wait_endpoint(server, api, old["id"], ("stopped", "failed"))["status"] == "stopped"
+        switched = len(results)
+        server.wait_for(lambda: len(results) >= switched + 6, timeout=60, what="requests after the old one stopped")
+    finally:
+        stop.set()
+        for c in clients:
+            c.join()
+    failed = [what for ok, what in results if not ok]
+    assert not failed, failed
+
+    def gateway_samples(endpoint_id):  # written in batches, within half a second of the reply's end
+        return [s for s in api.get(f"/api/v1/endpoints/{endpoint_id}/samples").json() if s["source"] == "gateway"]
+
+    server.wait_for(
+        lambda: len(gateway_samples(old["id"])) + len(gateway_samples(new["id"])) == len(results),
+        timeout=10,
+        what="a gateway sample per request",
+    )
+    served = {e: gateway_samples(e) for e in (old["id"], new["id"])}
+    assert all(served.values()), "both endpoints served the name in turn"
+    assert {s["status_code"] for samples in served.values() for s in samples} == {200}
+    assert max(s["at"] for s in served[old["id"]]) <= max(s["at"] for s in served[new["id"]])
+    api.post(f"/api/v1/endpoints/{new['id']}/stop")
+    wait_endpoint(server, api, new["id"], ("stopped", "failed"))

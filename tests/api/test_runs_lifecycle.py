@@ -40,7 +40,7 @@ def steps_of(client, run_id: str) -> list[int]:
 
 def test_run_trains_and_succeeds(server, api):
     dataset = demo_dataset(server, api)
-    config = {**SMALL, "checkpoints_kept": 2}
+    config = {**SMALL, "checkpoints_kept": 2, "eval_every_checkpoint": True}
     r = api.post("/api/v1/runs", json={"base_model": "tiny-gemma4", "dataset_id": dataset, "config": config})
     assert r.status_code == 201, r.text
     run = wait_run(server, api, r.json()["id"])
@@ -60,6 +60,28 @@ def test_run_trains_and_succeeds(server, api):
     messages = [e["message"] for e in api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]]
     for phase in ("phase: loading", "phase: training", "removed the checkpoint(s) at step 10", "succeeded"):
         assert any(m.startswith(phase) for m in messages), messages
+    # eval_every_checkpoint: once it succeeded, every checkpoint it kept and its base were put to its
+    # data (it has no validation set), as the run page's button would (cancelled here: the evaluation
+    # tests follow one through).
+    (evaluation,) = server.wait_for(
+        lambda: api.get("/api/v1/evaluations", params={"run_id": run["id"]}).json()["data"],
+        timeout=10,
+        what="the run's checkpoint evaluation",
+    )
+    assert [(s["kind"], s.get("step"), s.get("sweep")) for s in evaluation["subjects"]] == [
+        ("checkpoint", 20, True),
+        ("checkpoint", 30, True),
+        ("base", None, None),
+    ]
+    assert evaluation["dataset_id"] == dataset and evaluation["config"]["metrics"] == ["exact_match", "chrf"]
+    # The run's event is written once the evaluation is (a moment after it shows in the list).
+    server.wait_for(
+        lambda: f"evaluating every checkpoint and the base model: {evaluation['id']}"
+        in [e["message"] for e in api.get(f"/api/v1/runs/{run['id']}/events").json()["data"]],
+        timeout=10,
+        what="the run's event naming its checkpoint evaluation",
+    )
+    assert api.post(f"/api/v1/evaluations/{evaluation['id']}/cancel").status_code == 200
     # The test servers keep no training process on standby (TUNEDECK_TRAINING_STANDBY=0): once the run's
     # own has exited, none waits for the next run.
     server.wait_for(lambda: not standbys(server), timeout=30, what="no training process left")

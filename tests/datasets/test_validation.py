@@ -19,6 +19,7 @@ from app.datasets.validation import (
     DatasetTooLargeError,
     ValidationReport,
     detect_file_type,
+    iter_conversations,
     validate_file,
 )
 
@@ -42,6 +43,8 @@ def record(fmt: str, i: int) -> dict:
         return {"prompt": f"prompt {i}", "completion": f"completion {i}"}
     if fmt == "alpaca":
         return {"instruction": f"instruction {i}", "input": f"input {i}" if i % 2 else "", "output": f"output {i}"}
+    if fmt == "preference":  # TRL's standard form
+        return {"prompt": f"prompt {i}", "chosen": f"good answer {i}", "rejected": f"bad answer {i}"}
     return {"text": f"some text number {i}"}
 
 
@@ -62,7 +65,7 @@ def lines_of(errors):
 
 def test_constants():
     assert FILE_TYPES == ("jsonl", "csv", "parquet")
-    assert FORMATS == ("chat", "prompt_completion", "alpaca", "text")
+    assert FORMATS == ("chat", "prompt_completion", "alpaca", "text", "preference")
     assert MAX_LISTED == 100
     assert issubclass(DatasetFormatError, ValueError)
 
@@ -482,6 +485,60 @@ def test_chat_valid_variants(tmp_path, good):
         ("text", {"text": ["a"]}, "text", "wrong type: expected string, got list"),
         ("text", {"text": "\n"}, "text", "empty text"),
         ("text", "3", None, "expected a JSON object, got int"),
+        ("preference", {"prompt": "p", "chosen": "c"}, "rejected", "missing required field 'rejected'"),
+        ("preference", {"prompt": "p", "chosen": " ", "rejected": "r"}, "chosen", "empty chosen"),
+        (
+            "preference",
+            {"prompt": 4, "chosen": "c", "rejected": "r"},
+            "prompt",
+            "wrong type: expected string or list of messages, got int",
+        ),
+        (
+            "preference",
+            {
+                "prompt": [{"role": "user", "content": "q"}],
+                "chosen": [{"role": "user", "content": "c"}],
+                "rejected": "r",
+            },
+            "chosen[0].role",
+            "must be 'assistant', got 'user'",
+        ),
+        (
+            "preference",
+            {"prompt": [{"role": "user", "content": "q"}], "chosen": "c", "rejected": [{"role": "assistant"}]},
+            "rejected[0].content",
+            "missing required field 'content'",
+        ),
+        (
+            "preference",
+            {"prompt": [{"role": "user", "content": "q"}], "chosen": "c", "rejected": ["r"]},
+            "rejected",
+            "expected a string or a list of one assistant message, got list",
+        ),
+        (
+            "preference",
+            {
+                "prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "chosen": "c",
+                "rejected": "r",
+            },
+            "prompt[1].role",
+            "the last turn must be 'user' (the answers reply to it)",
+        ),
+        (
+            "preference",
+            {
+                "prompt": [
+                    {"role": "user", "content": "q"},
+                    {"role": "system", "content": "s"},
+                    {"role": "user", "content": "q"},
+                ],
+                "chosen": "c",
+                "rejected": "r",
+            },
+            "prompt[1].role",
+            "'system' turn must come first; found after a 'user' turn",
+        ),
     ],
 )
 def test_other_format_record_errors(tmp_path, fmt, bad, field, message):
@@ -490,6 +547,34 @@ def test_other_format_record_errors(tmp_path, fmt, bad, field, message):
     items[27] = bad
     report = validate_file(write_jsonl(tmp_path / "d.jsonl", items), "d.jsonl", fmt=fmt)
     assert [(e["line"], e["field"], e["message"]) for e in report.errors] == [(3, field, message), (28, field, message)]
+
+
+def test_preference_conversational_form_normalised(tmp_path):
+    """TRL's conversational preference form: a chat prompt, each answer one assistant message."""
+    system = {"role": "system", "content": "Be brief."}
+    convo = {
+        "prompt": [system, {"role": "user", "content": "Capital of Chad?"}],
+        "chosen": [{"role": "assistant", "content": "N'Djamena."}],
+        "rejected": [{"role": "assistant", "content": "Paris."}],
+    }
+    path = write_jsonl(tmp_path / "d.jsonl", [convo, record("preference", 1)])
+    report = validate_file(path, "d.jsonl")
+    assert (report.format, report.valid_rows, report.errors) == ("preference", 2, [])
+    assert [list(iter_conversations(path, "d.jsonl", file_type=None, fmt=None))] == [
+        [
+            [
+                system,
+                {"role": "user", "content": "Capital of Chad?"},
+                {"role": "assistant", "content": "N'Djamena."},
+                {"role": "rejected", "content": "Paris."},
+            ],
+            [
+                {"role": "user", "content": "prompt 1"},
+                {"role": "assistant", "content": "good answer 1"},
+                {"role": "rejected", "content": "bad answer 1"},
+            ],
+        ]
+    ]
 
 
 def test_alpaca_input_optional(tmp_path):

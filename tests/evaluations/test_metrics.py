@@ -87,14 +87,14 @@ def test_import_is_light() -> None:
 
 
 def test_metric_names() -> None:
-    assert list(METRICS) == ["exact_match", "normalized_exact_match", "regex_match", "chrf", "rouge_l"]
+    assert list(METRICS) == ["exact_match", "normalized_exact_match", "regex_match", "chrf", "rouge_l", "perplexity"]
     assert all(isinstance(d, str) and d for d in METRICS.values())
 
 
 @pytest.mark.parametrize(("output", "reference"), PAIRS)
 def test_scores_in_unit_interval(output: str, reference: str) -> None:
     scores = score(output, reference, list(METRICS), pattern=r"\d+")
-    assert set(scores) == set(METRICS)
+    assert set(scores) == set(METRICS) - metrics.LIKELIHOOD  # perplexity: of the reference, not the text
     for name, value in scores.items():
         assert isinstance(value, float), name
         assert 0.0 <= value <= 1.0, (name, value)
@@ -430,3 +430,26 @@ def test_differ_most() -> None:
     assert differ_most(per_subject) == pytest.approx(0.5)
     assert differ_most({"m1": {"chrf": 0.5}, "m2": {"rouge_l": 0.1}}) == 0.0
     assert differ_most({"m1": {"chrf": 0.5}, "m2": {"chrf": 0.5}}) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# perplexity
+
+
+def test_perplexity_is_over_every_token_of_every_sample_not_a_mean_of_samples():
+    # Sample 1: 1 token, nll 2; sample 2: 3 tokens, nll 4. Over tokens: exp(6 / 4). (The mean of the
+    # samples' own perplexities, (e^2 + e^(4/3)) / 2, would weigh the 1-token sample as much as the other.)
+    value, low, high = metrics.bootstrap_perplexity([2.0, 4.0], [1, 3])
+    assert value == pytest.approx(np.exp(1.5)) and low <= value <= high
+    assert metrics.perplexity(4.0, 3) == pytest.approx(np.exp(4 / 3))
+    # Each resample is a ratio of its own sums: the interval spans what the samples' ratios can give.
+    assert low >= np.exp(4 / 3) - 1e-12 and high <= np.exp(2.0) + 1e-12
+    assert metrics.bootstrap_perplexity([3.0], [2]) == (np.exp(1.5),) * 3
+    for nll, tokens in [([], []), ([1.0], [0]), ([float("nan")], [1]), ([1.0, 2.0], [1])]:
+        with pytest.raises(ValueError):
+            metrics.bootstrap_perplexity(nll, tokens)
+    # Not a score of the text: score() leaves it to the likelihoods, and the spread leaves it out.
+    assert metrics.score("a", "a", ["exact_match", "perplexity"]) == {"exact_match": 1.0}
+    assert (
+        metrics.differ_most({"s0": {"perplexity": 1.0, "chrf": 0.5}, "s1": {"perplexity": 90.0, "chrf": 0.25}}) == 0.25
+    )

@@ -442,6 +442,9 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     expect(page.locator("#endpoints-table tbody tr", has_text=endpoint_id)).to_contain_text("stopped")
 
 
+# The whole acceptance flow (a sweep of four subjects served in turn, two promotions, an arena vote) in one
+# test: beside the rest of the suite on a 2-core machine it has taken over the 300 s every test gets.
+@pytest.mark.timeout(900)
 def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run):
     """From the run page, "Evaluate all checkpoints": every checkpoint of the run and its base, asked the
     run's eval set. The evaluation's page follows it live to its scores (a table with intervals, a chart)
@@ -463,7 +466,9 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     page.locator("#evaluations-table a", has_text=evaluation["id"]).click()
     expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
     expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
-    expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=TRAIN_TIMEOUT)
+    # Four subjects served one after another (two of them merged first) beside the rest of the suite:
+    # on a loaded 2-core machine that has taken longer than a run trains.
+    expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=2 * TRAIN_TIMEOUT)
     expect(page.locator("#progress-count")).to_have_text("24 of 24 replies")
 
     scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
@@ -495,3 +500,49 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     assert page.locator("#sweep-chart").bounding_box()["height"] > 100
     expect(page.locator("#sweep-link")).to_have_text(f"{evaluation['id']} · succeeded")
     page.locator("#sweep-card").screenshot(path=str(ARTIFACTS / "checkpoint-sweep.png"))
+
+    # Promote the best checkpoint from the evaluation page (a new endpoint), then the next one too: two
+    # models for the arena, which streams both answers side by side and names them once voted on.
+    page.goto(f"/evaluations/{evaluation['id']}")
+    expect(page.locator("#promote-card")).to_be_visible(timeout=LIVE_TIMEOUT)
+    options = page.locator("#promote-subject option")
+    expect(options).to_have_count(3)
+    expect(options.first).to_contain_text("(best)")
+    expect(page.locator("#promote-target")).to_have_value("")  # a new endpoint
+    deployed = []
+    for option in (0, 1):
+        page.select_option("#promote-subject", index=option)
+        page.click("#promote-button")
+        link = page.locator("#promoted-endpoint")
+        expect(link).not_to_have_text(deployed[-1] if deployed else "", timeout=LIVE_TIMEOUT)
+        expect(link).to_have_text(re.compile(r"ep-\w+"))
+        deployed.append(link.text_content())
+    page.locator("#promote-card").screenshot(path=str(ARTIFACTS / "promote.png"))
+    for endpoint_id in deployed:
+        server.wait_for(
+            lambda e=endpoint_id: client.get(f"/api/v1/endpoints/{e}").json()["status"] == "ready",
+            timeout=TRAIN_TIMEOUT / 1000,
+            what=f"endpoint {endpoint_id} ready",
+        )
+    page.goto("/arena")
+    page.select_option("#arena-left", deployed[0])
+    page.select_option("#arena-right", deployed[1])
+    page.fill("#arena-prompt", "What is the capital of France?")
+    page.fill("#arena-tokens", "12")
+    page.click("#arena-ask")
+    for side in ("a", "b"):
+        expect(page.locator(f"#arena-answer-{side}")).to_have_attribute("data-done", "true", timeout=LIVE_TIMEOUT)
+        expect(page.locator(f"#arena-name-{side}")).to_have_text("")  # hidden until the vote
+    battle = client.get("/api/v1/arena/battles").json()["data"][0]  # the newest
+    for side in ("a", "b"):
+        expect(page.locator(f"#arena-answer-{side}")).to_have_text(battle["outputs"][side])
+    page.click("[data-vote=a]")
+    expect(page.locator("#arena-voted")).to_have_text("Voted: A is better")
+    battle = client.get(f"/api/v1/arena/battles/{battle['id']}").json()
+    assert battle["vote"] == "a" and {s["endpoint_id"] for s in battle["sides"]} == set(deployed)
+    expect(page.locator("#arena-name-a")).to_contain_text(battle["sides"][0]["endpoint_id"])
+    for s in battle["sides"]:  # the standings have a row for each
+        expect(page.locator(f'#arena-standings tbody tr[data-model="{s["model"]}"]')).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "arena.png"), full_page=True)
+    for endpoint_id in deployed:
+        client.post(f"/api/v1/endpoints/{endpoint_id}/stop")
