@@ -22,7 +22,7 @@ from app.artifacts.models import Artifact, ArtifactKind
 from app.core.db import session_scope
 from app.runs.models import Run
 from app.runs.service import run_dir
-from worker.processes import die_with_parent, without_torch
+from worker.processes import die_with_parent, lean_jax_imports
 from worker.runs import HEARTBEAT_S, base_model_dir
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,6 @@ def build(artifact_id: str) -> int:
 
 
 if __name__ == "__main__":
-    without_torch()
+    lean_jax_imports()
     logging.basicConfig(level=logging.INFO)
     sys.exit(build(sys.argv[1]))

@@ -2,6 +2,7 @@
 their end is told."""
 
 import ctypes
+import importlib.util
 import os
 import signal
 import subprocess
@@ -14,11 +15,22 @@ def die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def without_torch() -> None:
-    """At the start of a JAX process (training, a merge): ``import torch`` fails from here on. Where torch
-    is installed, tensorboardX (under Tunix's metrics logger) imports it only to recognise torch tensors,
-    which Tunedeck never hands it: about 3 s of CPU and 180 MB of memory per process."""
+def lean_jax_imports() -> None:
+    """At the start of a JAX process (training, a merge, the built-in model server), before anything
+    imports Tunix, leave out what Tunedeck never calls:
+
+    - torch: ``import torch`` fails from here on. Where torch is installed, tensorboardX (under Tunix's
+      metrics logger) imports it only to recognise torch tensors, which Tunedeck never hands it: about
+      3 s of CPU and 180 MB of memory per process.
+    - Tunix's package ``__init__``, which imports every trainer Tunix has (RL, agentic GRPO with pandas,
+      PPO, distillation, DPO) to re-export their names. Tunedeck imports what it uses by module path
+      (``tunix.models.gemma4``, ``tunix.sft.peft_trainer``, ...), which works the same from the bare
+      package: about 5 s of CPU per process on a 2-core host."""
     sys.modules.setdefault("torch", None)  # type: ignore[assignment] - None is how a blocked import is spelled
+    if "tunix" not in sys.modules:
+        spec = importlib.util.find_spec("tunix")
+        if spec is not None:  # the package with its search path, its __init__ not run
+            sys.modules["tunix"] = importlib.util.module_from_spec(spec)
 
 
 def stop(child: subprocess.Popen, grace_s: float) -> None:

@@ -259,7 +259,7 @@ def train_process(run_id: str, attempt: int) -> int:
 
 def standby() -> int:
     """The standby process: import the trainer, wait for a run, log to its file, train it."""
-    processes.without_torch()
+    processes.lean_jax_imports()
     import worker.training.engine  # noqa: F401 - the slow imports, done ahead of time
 
     line = sys.stdin.readline()

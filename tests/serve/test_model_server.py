@@ -12,6 +12,7 @@ import time
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 from openai import OpenAI
 
@@ -51,11 +52,25 @@ def start_server(model_dir, log, max_num_seqs: int, max_model_len: int, stats_ev
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server_proc(model_dir, tmp_path_factory):
     proc, url = start_server(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", 8, 256)
-    yield url
+    yield proc, url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc[1]
+
+
+def test_the_server_loads_neither_torch_nor_tunixs_trainers(server_proc):
+    """An endpoint starts as fast as its imports allow: JAX and Tunix's model code, not torch (which
+    tensorboardX, under Tunix's trainers, imports where torch is installed, as it is here) nor pandas
+    (Tunix's RL trainers'), seconds of CPU and hundreds of MB each."""
+    mapped = {m.path for m in psutil.Process(server_proc[0].pid).memory_maps()}
+    assert [p for p in mapped if "/jaxlib/" in p], "a JAX process maps jaxlib"
+    assert not [p for p in mapped if "libtorch" in p or "/pandas/" in p]
 
 
 def metric(url: str, name: str, key: str | None = None) -> float:

@@ -511,6 +511,10 @@ def create_app(
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
+    from worker.processes import lean_jax_imports
+
+    lean_jax_imports()
+
     ap = argparse.ArgumentParser(description="Tunedeck's built-in model server (vLLM's HTTP API)")
     ap.add_argument("--model", required=True, help="a Hugging Face checkpoint directory (a merged artifact)")
     ap.add_argument("--served-model-name", default=None, help="the model id clients use (default: the directory)")
