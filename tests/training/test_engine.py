@@ -182,6 +182,39 @@ def test_lr_schedules():
     )
 
 
+def test_runs_differing_in_learning_rate_warmup_or_length_share_one_compiled_update(make_spec):
+    """The schedule's peak, warmup and length are data in the optimizer's state, not constants of its
+    program: a run with another learning rate or step count (a sweep, the compare view's reruns) finds its
+    compiled train step in the persistent cache. Each update is still Adam's, scaled by ``lr_at``, and the
+    state holds the learning rate of the last update."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = {"w": jnp.ones((4, 4), jnp.float32)}
+    grads = {"w": jnp.full((4, 4), 0.5, jnp.float32)}
+
+    def program(spec, total):
+        opt = engine.make_optimizer(spec, total)
+        return jax.jit(opt.update).lower(grads, opt.init(params), params).as_text()
+
+    for kind in ("constant", "cosine"):
+        a = make_spec(lr_schedule=kind, learning_rate=1e-3, warmup_steps=0)
+        b = make_spec(lr_schedule=kind, learning_rate=3e-2, warmup_steps=5)
+        assert program(a, 30) == program(b, 1000), kind
+
+    spec = make_spec(lr_schedule="cosine", learning_rate=2e-2, warmup_steps=3)
+    opt, adam = engine.make_optimizer(spec, 12), optax.adam(1.0)
+    state, adam_state = opt.init(params), adam.init(params)
+    for count in range(12):
+        clipped, _ = optax.clip_by_global_norm(engine.GRAD_CLIP_NORM).update(grads, None)
+        direction, adam_state = adam.update(clipped, adam_state)
+        updates, state = opt.update(grads, state, params)
+        expected = engine.lr_at(count, kind="cosine", peak=2e-2, warmup=3, total=12)
+        assert jnp.allclose(updates["w"], expected * direction["w"], rtol=1e-6), count
+        assert float(state[-1].hyperparams["learning_rate"]) == pytest.approx(float(expected))
+
+
 def test_demo_dataset_validates_ready(tmp_path):
     from app.datasets import demo
     from app.datasets.validation import iter_conversations, validate_file

@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -204,16 +204,17 @@ def check_mesh(config: models.ModelConfig, fsdp: int, tp: int) -> None:
         raise ValueError(f"mesh_fsdp={fsdp} must divide the model width ({config.embed_dim})")
 
 
-def lr_at(count, *, kind: str, peak: float, warmup: int, total: int, xp=np):
+def lr_at(count, *, kind: str, peak, warmup, total, xp=np):
     """Learning rate of the optimizer update number ``count`` (0-based; optax's schedule argument).
 
     Linear warmup reaching ``peak`` at update ``warmup`` (never 0), then constant, linear or cosine
-    decay that ends one step short of 0 at update ``total``."""
+    decay that ends one step short of 0 at update ``total``. ``peak``, ``warmup`` and ``total`` may be
+    traced values (the optimizer keeps them in its state): no branch depends on them."""
     step = count + 1
-    warm = xp.minimum(1.0, step / warmup) if warmup > 0 else 1.0
+    warm = xp.where(warmup > 0, xp.minimum(1.0, step / xp.maximum(warmup, 1)), 1.0)
     if kind == "constant":
         return peak * warm
-    progress = xp.clip((step - warmup) / max(1, total - warmup + 1), 0.0, 1.0)
+    progress = xp.clip((step - warmup) / xp.maximum(1, total - warmup + 1), 0.0, 1.0)
     if kind == "linear":
         decay = 1.0 - progress
     else:
@@ -221,15 +222,38 @@ def lr_at(count, *, kind: str, peak: float, warmup: int, total: int, xp=np):
     return peak * warm * decay
 
 
-def make_optimizer(spec: TrainSpec, total_steps: int) -> optax.GradientTransformation:
-    def schedule(count):
-        return lr_at(
-            count, kind=spec.lr_schedule, peak=spec.learning_rate, warmup=spec.warmup_steps, total=total_steps, xp=jnp
-        )
+class ScheduleState(NamedTuple):
+    updates: jax.Array  # made so far
+    hyperparams: dict[str, jax.Array]  # peak, warmup, total; learning_rate: the last update's
 
+
+def scale_by_schedule(kind: str, peak: float, warmup: int, total: int) -> optax.GradientTransformation:
+    """Scale updates by ``lr_at(count)``, with the schedule's figures held in the state as arrays, so that
+    runs differing only in learning rate, warmup or length run the same compiled train step (found in
+    the persistent cache) instead of each compiling its own with the figures as constants."""
+
+    def init(params):
+        del params
+        figures = {"peak": peak, "warmup": warmup, "total": total, "learning_rate": 0.0}
+        return ScheduleState(jnp.zeros([], jnp.int32), {k: jnp.asarray(v, jnp.float32) for k, v in figures.items()})
+
+    def update(updates, state, params=None):
+        del params
+        hp = state.hyperparams
+        lr = lr_at(state.updates, kind=kind, peak=hp["peak"], warmup=hp["warmup"], total=hp["total"], xp=jnp)
+        updates = jax.tree.map(lambda u: (lr * u).astype(u.dtype), updates)
+        return updates, ScheduleState(state.updates + 1, {**hp, "learning_rate": lr})
+
+    return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(spec: TrainSpec, total_steps: int) -> optax.GradientTransformation:
+    """Clipped AdamW (no weight decay) at the run's schedule: Adam's direction, then ``-lr_at(count)``."""
     return optax.chain(
         optax.clip_by_global_norm(GRAD_CLIP_NORM),
-        optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=0.0),
+        optax.scale_by_adam(),
+        optax.scale(-1.0),
+        scale_by_schedule(spec.lr_schedule, spec.learning_rate, spec.warmup_steps, total_steps),
     )
 
 
