@@ -46,7 +46,10 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # stores, its sealed key and its verdicts, the URL-judge test stores on PostgreSQL too), and the arena
 # and promotion tests (two more model servers each: their rows are plain; the gateway's lookup of a
 # name, which a promotion relies on, is tested on PostgreSQL by the endpoint tests), and the perplexity
-# cross-check with transformers (arithmetic over what the SQLite suite stores alike).
+# cross-check with transformers (arithmetic over what the SQLite suite stores alike), and the checkpoint
+# evaluation (a merge and two model servers; evaluations are queued, run and stored on PostgreSQL + Redis
+# by the URL-judge test), and the Ctrl-C hand-back across two starts of `up` (its re-queue is the send
+# that a resume makes, which the fine-tuning jobs test makes on Redis; the SQLite suite runs it whole).
 SERVER_TESTS := tests/api tests/test_cli.py
 NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store \
 	--deselect tests/api/test_gemma4_release.py --deselect tests/api/test_broker.py \
@@ -54,7 +57,9 @@ NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requ
 	--deselect tests/api/test_evaluations.py::test_a_judge_endpoint_grades_every_answer_and_compares_answers_in_both_orders \
 	--deselect tests/api/test_evaluations.py::test_the_arena_hides_names_until_the_vote_rates_models_and_exports_votes_as_preferences \
 	--deselect tests/api/test_evaluations.py::test_promoting_a_checkpoint_into_an_endpoints_place_loses_no_request \
-	--deselect tests/api/test_evaluations.py::test_the_references_perplexity_is_what_transformers_computes
+	--deselect tests/api/test_evaluations.py::test_the_references_perplexity_is_what_transformers_computes \
+	--deselect tests/api/test_evaluations.py::test_checkpoints_and_the_base_are_served_asked_and_scored \
+	--deselect tests/test_cli.py::test_first_start_prints_login_and_token_and_ctrl_c_hands_the_training_back
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \

@@ -42,7 +42,7 @@ def checkpoint_evaluation(server, api, trained_run) -> dict:
         "metrics": [*METRICS, "perplexity"],
         "max_samples": 8,
         "max_tokens": 12,
-        "concurrency": 4,
+        "concurrency": 8,
     }
     r = api.post("/api/v1/evaluations", json=body)
     assert r.status_code == 201, r.text

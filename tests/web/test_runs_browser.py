@@ -19,7 +19,7 @@ RUN_PAGE = re.compile(r".*/runs/run-[^/?#]+$")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 # A run small enough to finish in about a minute on CPU.
-TINY = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "eval_every_steps": 20, "checkpoint_every_steps": 20}
+TINY = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "eval_every_steps": 20, "checkpoint_every_steps": 30}
 
 # Shared between tests in this module: the run the acceptance test launched through the form.
 _launched: dict[str, str] = {}
@@ -174,10 +174,10 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     )
     assert page.evaluate("Chart.getChart('loss-chart').data.datasets[1].data.map(p => [p.x, p.y])") == sorted(api_evals)
 
-    # Checkpoints every 20 steps (3 kept), the final model name, the cards, the events log.
+    # Checkpoints every 30 steps (both kept), the final model name, the cards, the events log.
     rows = page.locator("#checkpoints-table tbody tr[data-step]")
-    expect(rows).to_have_count(3, timeout=10_000)
-    assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == [20, 40, 60]
+    expect(rows).to_have_count(2, timeout=10_000)
+    assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == [30, 60]
     expect(page.locator("#fine-tuned-model")).to_have_text(re.compile(rf"^ft:tiny-gemma4:capitals:{run_id}$"))
     expect(page.locator("#stat-step")).to_have_text("60")
     expect(page.locator("#stat-step-time-note")).to_have_text(re.compile(r"^host memory \d+\.\d\d GB peak$"))
@@ -317,12 +317,12 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
     link = merged.locator("a", has_text="model.safetensors")
     expect(link).to_have_attribute("href", re.compile(r"^/api/v1/artifacts/art-[0-9a-f]+/files/model.safetensors$"))
 
-    # Export checkpoint 20 as a PEFT adapter from its row; the new artifact goes live on the page.
-    page.locator('#checkpoints-table tr[data-step="20"] button[data-kind="adapter"]').click()
+    # Export checkpoint 30 as a PEFT adapter from its row; the new artifact goes live on the page.
+    page.locator('#checkpoints-table tr[data-step="30"] button[data-kind="adapter"]').click()
     adapter = page.locator('#artifacts-table tbody tr[data-kind="adapter"]')
     expect(adapter).to_have_count(1, timeout=10_000)
     expect(adapter).to_have_attribute("data-status", "succeeded", timeout=TRAIN_TIMEOUT)
-    expect(adapter.locator("td").nth(2)).to_have_text("20")
+    expect(adapter.locator("td").nth(2)).to_have_text("30")
     adapter.locator("summary").click()
     expect(adapter.locator("a", has_text="adapter_model.safetensors")).to_be_visible()
     page.locator("#artifacts-card").screenshot(path=str(ARTIFACTS / "run-artifacts.png"))
@@ -341,7 +341,7 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
         row = page.locator(f'#artifacts-table tbody tr[data-id="{a["id"]}"]')
         expect(row).to_have_attribute("data-status", "succeeded", timeout=10_000)
     assert sorted((a["kind"], a["checkpoint_step"], a["status"]) for a in listed) == [
-        ("adapter", 20, "succeeded"),
+        ("adapter", 30, "succeeded"),
         ("merged", 60, "succeeded"),
     ]
 
@@ -442,7 +442,7 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     expect(page.locator("#endpoints-table tbody tr", has_text=endpoint_id)).to_contain_text("stopped")
 
 
-# The whole acceptance flow (a sweep of four subjects served in turn, two promotions, an arena vote) in one
+# The whole acceptance flow (a sweep of three subjects served in turn, two promotions, an arena vote) in one
 # test: beside the rest of the suite on a 2-core machine it has taken over the 300 s every test gets.
 @pytest.mark.timeout(900)
 def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server, tiny_run):
@@ -459,24 +459,24 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     expect(page).to_have_url(re.compile(r".*/evaluations/ev-[^/?#]+$"))
     evaluation = {"id": page.url.rsplit("/", 1)[1]}
     created = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()
-    assert [s.get("step") for s in created["subjects"]] == [20, 40, 60, None], created["subjects"]
+    assert [s.get("step") for s in created["subjects"]] == [30, 60, None], created["subjects"]
     assert created["dataset_id"] == tiny_run["dataset_id"] and created["config"]["metrics"] == ["exact_match", "chrf"]
     page.goto("/evaluations")
     expect(page.locator("#evaluations-table tbody tr").first).to_contain_text(evaluation["id"])
     page.locator("#evaluations-table a", has_text=evaluation["id"]).click()
     expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
     expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
-    # Four subjects served one after another (two of them merged first) beside the rest of the suite:
+    # Three subjects served one after another (one of them merged first) beside the rest of the suite:
     # on a loaded 2-core machine that has taken longer than a run trains.
     expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=2 * TRAIN_TIMEOUT)
-    expect(page.locator("#progress-count")).to_have_text("24 of 24 replies")
+    expect(page.locator("#progress-count")).to_have_text("18 of 18 replies")
 
     scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
     rows = page.locator("#summary-table tbody tr")
-    expect(rows).to_have_count(4)
-    chrf = scores["s2"]["chrf"]
-    expect(rows.nth(2)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
-    expect(rows.nth(3)).to_contain_text("tiny-gemma4 (base)")
+    expect(rows).to_have_count(3)
+    chrf = scores["s1"]["chrf"]
+    expect(rows.nth(1)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
+    expect(rows.nth(2)).to_contain_text("tiny-gemma4 (base)")
     assert page.locator("#summary-chart").bounding_box()["height"] > 100
 
     samples = page.locator("#samples-table tbody tr")
@@ -493,20 +493,20 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     # The run page charts the sweep: chrF by step, the base model's as a line, the best step marked.
     page.goto(f"/runs/{tiny_run['id']}")
     page.select_option("#sweep-metric", "chrf")
-    by_step = {20: scores["s0"]["chrf"]["mean"], 40: scores["s1"]["chrf"]["mean"], 60: chrf["mean"]}
+    by_step = {30: scores["s0"]["chrf"]["mean"], 60: chrf["mean"]}
     best = max(by_step, key=lambda step: by_step[step])
     expect(page.locator("#sweep-best")).to_have_text(f"Best by chrf: step {best} ({100 * by_step[best]:.1f}%)")
-    expect(page.locator("#sweep-note")).to_contain_text(f"base model {100 * scores['s3']['chrf']['mean']:.1f}%")
+    expect(page.locator("#sweep-note")).to_contain_text(f"base model {100 * scores['s2']['chrf']['mean']:.1f}%")
     assert page.locator("#sweep-chart").bounding_box()["height"] > 100
     expect(page.locator("#sweep-link")).to_have_text(f"{evaluation['id']} · succeeded")
     page.locator("#sweep-card").screenshot(path=str(ARTIFACTS / "checkpoint-sweep.png"))
 
-    # Promote the best checkpoint from the evaluation page (a new endpoint), then the next one too: two
+    # Promote the best checkpoint from the evaluation page (a new endpoint), then the other one too: two
     # models for the arena, which streams both answers side by side and names them once voted on.
     page.goto(f"/evaluations/{evaluation['id']}")
     expect(page.locator("#promote-card")).to_be_visible(timeout=LIVE_TIMEOUT)
     options = page.locator("#promote-subject option")
-    expect(options).to_have_count(3)
+    expect(options).to_have_count(2)
     expect(options.first).to_contain_text("(best)")
     expect(page.locator("#promote-target")).to_have_value("")  # a new endpoint
     deployed = []
