@@ -35,7 +35,7 @@ from app.core.db import session_scope
 from app.core.security import unseal
 from app.datasets import service as datasets
 from app.datasets.models import Dataset
-from app.datasets.validation import iter_conversations
+from app.datasets.validation import iter_numbered_conversations
 from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, EndpointStatus
 from app.evaluations import judge as judge_lib
@@ -82,13 +82,18 @@ def execute(evaluation_id: str, worker: str) -> None:
 
 def eval_set(session: Session, evaluation: Evaluation) -> list[dict[str, Any]]:
     """The eval set's first ``max_samples`` conversations that end with an assistant message: the
-    messages before it are the prompt, it is the reference."""
+    messages before it are the prompt, it is the reference. A run's validation split is the records of
+    its training file that training held out (or its validation dataset)."""
     dataset = session.get(Dataset, evaluation.dataset_id) if evaluation.dataset_id else None
     if dataset is None:
         raise RuntimeError(f"dataset {evaluation.dataset_id} was deleted")
+    held_out = _held_out(session, evaluation)
     rows: list[dict[str, Any]] = []
     path = datasets.file_path(dataset)
-    for messages in iter_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format):
+    numbered = iter_numbered_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format)
+    for line, messages in numbered:
+        if held_out is not None and line not in held_out:
+            continue
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None or not any(m["role"] == "user" for m in messages[:last]):
             continue
@@ -98,6 +103,17 @@ def eval_set(session: Session, evaluation: Evaluation) -> list[dict[str, Any]]:
     if not rows:
         raise RuntimeError(f"no conversation of dataset {dataset.id} ends with an assistant reply to a user")
     return rows
+
+
+def _held_out(session: Session, evaluation: Evaluation) -> set[int] | None:
+    """The lines of the run's training file held out for validation, when the eval set is that split."""
+    run_id = evaluation.config.get("validation_of")
+    if run_id is None:
+        return None
+    run = session.get(Run, run_id)
+    if run is None:
+        raise RuntimeError(f"run {run_id} was deleted, and its validation split with it")
+    return None if run.validation_dataset_id is not None else set(run.held_out_lines or ())
 
 
 def _run(session: Session, evaluation: Evaluation, worker: str, stop: threading.Event) -> None:

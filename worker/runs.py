@@ -186,6 +186,9 @@ class DBReporter:
     def log(self, line: str) -> None:
         runs.log(self.session, self.run, line)
 
+    def held_out(self, lines: list[int]) -> None:
+        runs.held_out(self.session, self.run, lines)
+
     def should_stop(self) -> bool:
         if os.getppid() != self._supervisor:  # the supervisor is gone (its worker was killed): so are we
             os._exit(3)

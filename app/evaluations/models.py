@@ -124,7 +124,21 @@ class EvaluationConfig(Schema):
 
 class EvaluationCreate(EvaluationConfig):
     subjects: list[Subject] = Field(min_length=1, max_length=MAX_SUBJECTS)
-    dataset_id: str = Field(max_length=ID_LENGTH, description="the eval set: a chat dataset of this user's")
+    dataset_id: str | None = Field(
+        default=None, max_length=ID_LENGTH, description="the eval set: a chat dataset of this user's"
+    )
+    validation_of: str | None = Field(
+        default=None,
+        max_length=ID_LENGTH,
+        description="or a run of this user's: the eval set is its validation split (the records its "
+        "validation_fraction held out of training, or its validation dataset)",
+    )
+
+    @model_validator(mode="after")
+    def _one_eval_set(self):
+        if (self.dataset_id is None) == (self.validation_of is None):
+            raise ValueError("name the eval set: a dataset (dataset_id) or a run's validation split (validation_of)")
+        return self
 
 
 class Promotion(Schema):

@@ -56,9 +56,12 @@ def to_public(evaluation: Evaluation) -> EvaluationPublic:
 
 
 def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str | None = None) -> Evaluation:
-    dataset = session.get(Dataset, data.dataset_id)
+    dataset_id, held_out = (
+        _validation_split(session, owner, data.validation_of) if data.validation_of else (data.dataset_id, None)
+    )
+    dataset = session.get(Dataset, dataset_id)
     if dataset is None or dataset.owner_id != owner.id:
-        raise EvaluationError("dataset_id", f"dataset {echo(data.dataset_id)} not found", missing=True)
+        raise EvaluationError("dataset_id", f"dataset {echo(dataset_id or '')} not found", missing=True)
     if dataset.status != DatasetStatus.ready or not dataset.valid_rows:
         raise EvaluationError("dataset_id", f"dataset {dataset.id} is {dataset.status}; evaluate on a ready one")
     if dataset.format not in WITH_REFERENCES:
@@ -108,7 +111,8 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
         subjects=subjects,
         config=config,
         judge_key=judge_key,
-        samples_total=min(data.max_samples, dataset.valid_rows) * requests_per_sample(len(subjects), config),
+        samples_total=min(data.max_samples, held_out or dataset.valid_rows)
+        * requests_per_sample(len(subjects), config),
     )
     session.add(evaluation)
     session.commit()
@@ -116,11 +120,30 @@ def create(session: Session, owner: User, data: EvaluationCreate, *, pool: str |
     return evaluation
 
 
+def _validation_split(session: Session, owner: User, run_id: str) -> tuple[str, int | None]:
+    """A run's validation split as (dataset id, rows held out of it; None: the whole dataset)."""
+    run = session.get(Run, run_id)
+    if run is None or run.owner_id != owner.id:
+        raise EvaluationError("validation_of", f"run {echo(run_id)} not found", missing=True)
+    if run.validation_dataset_id is not None:
+        return run.validation_dataset_id, None
+    if not run.held_out_lines:
+        why = (
+            "its validation_fraction is 0"
+            if not run.config.get("validation_fraction")
+            else "it has not loaded its data yet"
+        )
+        raise EvaluationError("validation_of", f"run {run.id} has no validation split: {why}")
+    return run.dataset_id, len(run.held_out_lines)
+
+
 def sweep(session: Session, owner: User, run: Run) -> Evaluation:
-    """Every checkpoint of the run and its base model, on its validation dataset (else its training
+    """Every checkpoint of the run and its base model, on its validation split (else its training
     dataset), with the run page's defaults: what ``eval_every_checkpoint`` starts."""
+    split = run.validation_dataset_id is not None or bool(run.held_out_lines)
     data = EvaluationCreate(
-        dataset_id=run.validation_dataset_id or run.dataset_id,
+        dataset_id=None if split else run.dataset_id,
+        validation_of=run.id if split else None,
         subjects=[Subject(kind="checkpoints", run_id=run.id), Subject(kind="base", run_id=run.id)],
         max_samples=50,
         max_tokens=64,

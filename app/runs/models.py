@@ -132,6 +132,9 @@ class Run(SQLModel, table=True):
     heartbeat_at: datetime | None = None
     stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause | handback")
     fine_tuned_model: str | None = Field(default=None, max_length=MODEL_ID_LENGTH)
+    # The training file's records (by line) that training held out for validation (validation_fraction),
+    # recorded when it loads its data: the eval set of an evaluation of this run's validation split.
+    held_out_lines: list[int] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None

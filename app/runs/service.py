@@ -527,6 +527,13 @@ def record_checkpoint(
     session.commit()
 
 
+def held_out(session: Session, run: Run, lines: list[int]) -> None:
+    """Training split its file: these records (by line) are its validation split, not trained on."""
+    run.held_out_lines = lines
+    session.add(run)
+    session.commit()
+
+
 def log(session: Session, run: Run, message: str, level: str = "info") -> None:
     event(session, run, message, level)
     session.commit()

@@ -86,8 +86,10 @@
     $("sweep-error").hidden = true;
     button.disabled = true;
     try {
+      // Its validation split (the records training held out, or its validation dataset), else its data.
+      const split = run.validation_dataset_id || run.config.validation_fraction > 0;
       const body = {
-        dataset_id: run.validation_dataset_id || run.dataset_id,
+        ...(split ? { validation_of: run.id } : { dataset_id: run.dataset_id }),
         subjects: [{ kind: "checkpoints", run_id: run.id }, { kind: "base", run_id: run.id }],
         metrics: ["exact_match", "chrf"],
         max_samples: Number($("sweep-samples").value),

@@ -165,6 +165,8 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         ({"judge": {"url": "http://x/v1", "model": "m", "rubric": "kindness"}}, "judge", "unknown rubric 'kindness'"),
         ({"judge": {"url": "http://x/v1", "model": "m", "prompt": "Good?"}}, "judge", "put {answer} in it"),
         ({"judge": {"url": "http://x/v1", "model": "m", "pairwise": True}}, "judge.pairwise", "at least two"),
+        ({"validation_of": run["id"]}, "body", "name the eval set: a dataset (dataset_id) or a run's validation"),
+        ({"dataset_id": None}, "body", "name the eval set"),
     ):
         r = api.post("/api/v1/evaluations", json={**ok, **change})
         assert r.status_code == 422, (change, r.text)
@@ -192,6 +194,11 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         "/api/v1/evaluations", json={"dataset_id": mine, "subjects": [{"kind": "endpoint", "endpoint_id": "ep-x"}]}
     )
     assert r.status_code == 404, r.text
+    r = other.post(
+        "/api/v1/evaluations",
+        json={"validation_of": run["id"], "subjects": [{"kind": "base", "base_model": "tiny-gemma4"}]},
+    )
+    assert r.status_code == 404 and f"run '{run['id']}' not found" in r.json()["detail"], r.text
     r = other.post(
         "/api/v1/evaluations",
         json={
@@ -362,6 +369,33 @@ def test_a_judge_at_a_url_gets_its_key_unseen_and_its_verdicts_read_strictly(
     pair = ev["summary"]["pairwise"]["s0:s1"]
     assert (pair["n"], pair["tie"], pair["unparsable"]) == (6, 6, 0) and pair["win_rate_ci"][0] == 0.0
     assert all(s["judgements"]["s0:s1"]["orders"] == ["A", "B"] for s in samples)
+
+
+def test_a_runs_validation_split_is_the_records_its_training_held_out(server, api, trained_run, judge_endpoint):
+    """`validation_of`: the eval set is what the run's validation_fraction kept out of training, the
+    records it named by line when it split its file (the demo file's 10%), nothing it trained on."""
+    from app.datasets.demo import demo_dataset_jsonl
+
+    ((held,),) = server.sql("SELECT held_out_lines FROM runs WHERE id = :id", id=trained_run["id"])
+    held = json.loads(held) if isinstance(held, str) else held
+    records = demo_dataset_jsonl().decode().splitlines()
+    assert len(held) == round(0.1 * len(records)) and held == sorted(set(held)), held
+    body = {
+        "validation_of": trained_run["id"],
+        "subjects": [{"kind": "endpoint", "endpoint_id": judge_endpoint["id"]}],
+        "metrics": ["exact_match"],
+        "max_samples": 1000,
+        "max_tokens": 4,
+    }
+    r = api.post("/api/v1/evaluations", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["dataset_id"] == trained_run["dataset_id"] and r.json()["samples_total"] == len(held)
+    ev = wait_evaluation(server, api, r.json()["id"])
+    assert ev["status"] == "succeeded", (ev["error"], server.log()[-3000:])
+    samples = api.get(f"/api/v1/evaluations/{ev['id']}/samples", params={"limit": 1000}).json()["data"]
+    expected = [json.loads(records[line - 1])["messages"] for line in held]
+    assert [s["messages"] for s in samples] == [m[:-1] for m in expected]
+    assert [s["reference"] for s in samples] == [m[-1]["content"] for m in expected]
 
 
 def test_a_judge_that_cannot_answer_fails_the_evaluation_before_any_subject_is_served(

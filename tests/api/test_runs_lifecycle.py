@@ -61,8 +61,8 @@ def test_run_trains_and_succeeds(server, api):
     for phase in ("phase: loading", "phase: training", "removed the checkpoint(s) at step 10", "succeeded"):
         assert any(m.startswith(phase) for m in messages), messages
     # eval_every_checkpoint: once it succeeded, every checkpoint it kept and its base were put to its
-    # data (it has no validation set), as the run page's button would (cancelled here: the evaluation
-    # tests follow one through).
+    # validation split (the records its validation_fraction held out), as the run page's button would
+    # (cancelled here: the evaluation tests follow one through).
     (evaluation,) = server.wait_for(
         lambda: api.get("/api/v1/evaluations", params={"run_id": run["id"]}).json()["data"],
         timeout=10,
@@ -74,6 +74,7 @@ def test_run_trains_and_succeeds(server, api):
         ("base", None, None),
     ]
     assert evaluation["dataset_id"] == dataset and evaluation["config"]["metrics"] == ["exact_match", "chrf"]
+    assert evaluation["config"]["validation_of"] == run["id"]
     # The run's event is written once the evaluation is (a moment after it shows in the list).
     server.wait_for(
         lambda: (

@@ -77,6 +77,9 @@ class RecordingReporter:
     def log(self, line: str) -> None:
         self.events.append(("log", line))
 
+    def held_out(self, lines: list[int]) -> None:
+        self.events.append(("held_out", list(lines)))
+
     def should_stop(self) -> bool:
         self.polls += 1
         return self.stop_after is not None and self.polls > self.stop_after

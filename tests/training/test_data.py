@@ -74,6 +74,15 @@ def test_tokenize_file_truncates_and_drops(tok, tmp_path):
     assert len(ds) == 2 and ds.lengths.tolist()[1] == 32
     t, m = ds.example(1)
     assert t[0] == tok.bos_id and m[1:].any()
+    # Each example knows its record's line (line 2 lost its answer to the cut; line 4 is invalid), and
+    # so does each example of a split: what a run reports as held out for validation.
+    assert ds.lines is not None and ds.lines.tolist() == [1, 3]
+    train, val = data.split_validation(ds, 0.5, seed=0)
+    assert train.lines is not None and val.lines is not None and len(val) == 1
+    assert sorted(train.lines.tolist() + val.lines.tolist()) == [1, 3]
+    for part in (train, val):
+        whole = ds.example(ds.lines.tolist().index(int(part.lines[0])))[0]
+        assert part.example(0)[0].tolist() == whole.tolist()
 
 
 def test_a_record_the_template_cannot_render_names_its_line(tok, tmp_path):

@@ -4,6 +4,7 @@ a 4-device mesh: test_mesh.py."""
 
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def test_learns_and_reports_every_step(Recorder, make_spec):
     assert np.mean(losses[-5:]) < 0.7 * losses[0], losses
     lrs = [rep.train_metrics[s]["learning_rate"] for s in range(1, 61)]
     assert lrs[0] == pytest.approx(1e-2 / 5) and max(lrs) == pytest.approx(1e-2) and 0 < lrs[-1] < 1e-3
+
+    # A tenth of the file's examples held out for validation, named by their records' lines.
+    (stats,) = [
+        ast.literal_eval(e[1].split(": ", 1)[1]) for e in rep.events if e[0] == "log" and "training file" in e[1]
+    ]
+    (held,) = [e[1] for e in rep.events if e[0] == "held_out"]
+    assert len(held) == round(0.1 * stats["examples"]) and held == sorted(set(held))
+    assert 1 <= held[0] and held[-1] <= stats["records"]
 
     evals = rep.eval_losses
     assert sorted(evals) == [0, 20, 40, 60] and evals[60] < 0.75 * evals[0]

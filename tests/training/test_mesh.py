@@ -27,6 +27,7 @@ class R:
         if "loss" in v: self.steps[s] = v["loss"]
     def checkpoint(self, s, p, kept): pass
     def log(self, l): pass
+    def held_out(self, lines): pass
     def should_stop(self): return False
 r = R()
 res = engine.train(engine.TrainSpec(**json.loads({json.dumps(json.dumps(spec.__dict__))})), r)

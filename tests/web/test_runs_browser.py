@@ -461,11 +461,13 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     created = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()
     assert [s.get("step") for s in created["subjects"]] == [30, 60, None], created["subjects"]
     assert created["dataset_id"] == tiny_run["dataset_id"] and created["config"]["metrics"] == ["exact_match", "chrf"]
+    assert created["config"]["validation_of"] == tiny_run["id"]  # the records its training held out
     page.goto("/evaluations")
     expect(page.locator("#evaluations-table tbody tr").first).to_contain_text(evaluation["id"])
     page.locator("#evaluations-table a", has_text=evaluation["id"]).click()
     expect(page).to_have_url(re.compile(rf".*/evaluations/{evaluation['id']}$"))
     expect(page.locator("#live")).to_have_text("Live", timeout=LIVE_TIMEOUT)
+    expect(page.locator("#eval-set")).to_contain_text(f"the validation split of run {tiny_run['id']}")
     # Three subjects served one after another (one of them merged first) beside the rest of the suite:
     # on a loaded 2-core machine that has taken longer than a run trains.
     expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=2 * TRAIN_TIMEOUT)

@@ -40,6 +40,7 @@ class TokenizedDataset:
     mask: np.ndarray  # bool
     offsets: np.ndarray  # int64, len = n + 1
     stats: dict = dataclasses.field(default_factory=dict)
+    lines: np.ndarray | None = None  # int64: each example's record, by its line number in the file
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -60,16 +61,23 @@ class TokenizedDataset:
             mask=np.concatenate([m for _, m in parts]) if parts else np.zeros(0, bool),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             stats={"examples": len(parts)},
+            lines=None if self.lines is None else self.lines[np.asarray(indices, np.int64)],
         )
 
     @classmethod
-    def from_examples(cls, examples: list[tuple[np.ndarray, np.ndarray]], stats: dict | None = None):
+    def from_examples(
+        cls,
+        examples: list[tuple[np.ndarray, np.ndarray]],
+        stats: dict | None = None,
+        lines: Sequence[int] | None = None,
+    ):
         lengths = np.array([len(t) for t, _ in examples], np.int64)
         return cls(
             tokens=np.concatenate([t for t, _ in examples]).astype(np.int32) if examples else np.zeros(0, np.int32),
             mask=np.concatenate([m for _, m in examples]).astype(bool) if examples else np.zeros(0, bool),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             stats=stats or {},
+            lines=None if lines is None else np.asarray(lines, np.int64),
         )
 
 
@@ -87,7 +95,7 @@ def tokenize_file(
     """Tokenize every valid record of a dataset file (streamed), truncating each to ``max_seq_len``.
     ``template_kwargs`` go to the chat template (``enable_thinking``). Raises ValueError naming the
     file and line of a record the template cannot render."""
-    examples = []
+    examples, lines = [], []
     records = truncated = dropped = 0
     for line, messages in iter_numbered_conversations(path, filename, file_type=file_type, fmt=fmt):
         records += 1
@@ -102,8 +110,9 @@ def tokenize_file(
             dropped += 1  # nothing left to learn from (e.g. the answer was cut off)
             continue
         examples.append((ids, mask))
+        lines.append(line)
     stats = {"records": records, "examples": len(examples), "truncated": truncated, "dropped_no_target": dropped}
-    return TokenizedDataset.from_examples(examples, stats)
+    return TokenizedDataset.from_examples(examples, stats, lines)
 
 
 def split_validation(ds: TokenizedDataset, fraction: float, seed: int) -> tuple[TokenizedDataset, TokenizedDataset]:

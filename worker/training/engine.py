@@ -117,6 +117,8 @@ class Reporter(Protocol):
 
     def log(self, line: str) -> None: ...
 
+    def held_out(self, lines: list[int]) -> None: ...  # the training file's records kept for validation
+
     def should_stop(self) -> bool: ...
 
 
@@ -603,6 +605,8 @@ def _load_data(spec: TrainSpec, tok: ChatFormat, reporter: Reporter):
         reporter.log(f"validation file: {val_ds.stats}")
     else:
         train_ds, val_ds = data.split_validation(train_ds, spec.validation_fraction, spec.seed)
+        assert val_ds.lines is not None, "tokenize_file numbers its examples"
+        reporter.held_out(sorted(set(val_ds.lines.tolist())))  # what an evaluation of this run may ask
     if len(train_ds) == 0:
         raise ValueError("the training data has no usable examples (all records invalid or without a target)")
     return train_ds, val_ds
