@@ -53,7 +53,8 @@ def start_server(model_dir, log, max_num_seqs: int, max_model_len: int, stats_ev
 
 @pytest.fixture(scope="module")
 def server_proc(model_dir, tmp_path_factory):
-    proc, url = start_server(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", 8, 256)
+    # The shape the API tests deploy the tiny model at (compiled once for both, from the persistent cache)
+    proc, url = start_server(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", 4, 256)
     yield proc, url
     proc.terminate()
     proc.wait(timeout=30)
