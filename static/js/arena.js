@@ -4,7 +4,7 @@
  * preference dataset. */
 (function () {
   "use strict";
-  const { el, api, csrfHeaders, errorMessage } = window.TD;
+  const { el, api, postEvents } = window.TD;
   const $ = (id) => document.getElementById(id);
   if (!$("arena-page")) return;
   let battle = null;
@@ -19,33 +19,14 @@
   async function stream(side) {
     const box = $("arena-answer-" + side);
     box.textContent = "";
-    const res = await fetch("/api/v1/arena/battles/" + encodeURIComponent(battle.id) + "/answers/" + side, {
-      method: "POST", credentials: "same-origin", headers: csrfHeaders({ Accept: "text/event-stream" }),
-    });
-    if (!res.ok) {
-      let body = null;
-      try { body = await res.json(); } catch (_) { body = null; }
-      throw new Error(errorMessage(body, res.status + " " + res.statusText));
+    const url = "/api/v1/arena/battles/" + encodeURIComponent(battle.id) + "/answers/" + side;
+    for await (const { event, data } of postEvents(url)) {
+      const payload = JSON.parse(data);
+      if (event === "token") box.textContent += payload.text;
+      else if (event === "done") { box.dataset.done = "true"; return true; }
+      else if (event === "error") throw new Error("Model " + side.toUpperCase() + ": " + payload.detail);
     }
-    const reader = res.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return false;
-      buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
-      const events = buffer.split("\n\n");
-      buffer = events.pop();
-      for (const ev of events) {
-        const name = (ev.match(/^event: (.*)$/m) || [])[1];
-        const data = (ev.match(/^data: (.*)$/m) || [])[1];
-        if (!name || data === undefined) continue;
-        const payload = JSON.parse(data);
-        if (name === "token") box.textContent += payload.text;
-        else if (name === "done") { box.dataset.done = "true"; return true; }
-        else if (name === "error") throw new Error("Model " + side.toUpperCase() + ": " + payload.detail);
-      }
-    }
+    return false;
   }
 
   async function ask(event) {

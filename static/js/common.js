@@ -218,8 +218,41 @@
     });
   });
 
+  /**
+   * POST and read the reply as server-sent events: yields {event, data} ("message" when the event is
+   * unnamed; data as sent, a string) until the stream ends. A reply that is not 2xx throws the
+   * server's message. (EventSource cannot POST, so the stream is read here.)
+   */
+  async function* postEvents(url, { headers = {}, body } = {}) {
+    const res = await fetch(url, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: csrfHeaders({ Accept: "text/event-stream", ...headers }),
+      body,
+    });
+    if (!res.ok) {
+      let reply = null;
+      try { reply = await res.json(); } catch (_) { reply = null; }
+      throw new Error(errorMessage(reply, res.status + " " + res.statusText));
+    }
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+      const events = buffer.split("\n\n");
+      buffer = events.pop();
+      for (const ev of events) {
+        const data = (ev.match(/^data: ?(.*)$/m) || [])[1];
+        if (data !== undefined) yield { event: (ev.match(/^event: ?(.*)$/m) || [])[1] || "message", data };
+      }
+    }
+  }
+
   window.TD = {
-    csrfToken, csrfHeaders, api, errorMessage,
+    csrfToken, csrfHeaders, api, errorMessage, postEvents,
     fmtNum, fmtBytes, fmtMB, fmtDate, fmtAgo, parseDate,
     el, statusPill, watch, refreshAgo, copyText,
   };

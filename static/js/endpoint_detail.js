@@ -5,7 +5,7 @@
  * curve); the model server's log tail; Stop and Restart. */
 (function () {
   "use strict";
-  const { el, api, watch, csrfHeaders, errorMessage } = window.TD;
+  const { el, api, watch, postEvents } = window.TD;
   const R = window.TDRuns;
   const $ = (id) => document.getElementById(id);
   let endpoint = JSON.parse($("endpoint-data").textContent);
@@ -271,10 +271,8 @@
     const started = performance.now();
     let first = null, last = null, tokens = null, content = "", reasoning = "";
     try {
-      const res = await fetch("/v1/chat/completions", {
-        method: "POST",
-        credentials: "same-origin",
-        headers: csrfHeaders({ "Content-Type": "application/json" }),
+      const events = postEvents("/v1/chat/completions", {
+        headers: { "Content-Type": "application/json" },
         body: JSON.stringify({
           model: endpoint.model, messages: history, stream: true, stream_options: { include_usage: true },
           max_tokens: Number($("max-tokens").value), temperature: Number($("temperature").value),
@@ -282,23 +280,8 @@
           ...($("thinking").checked ? { chat_template_kwargs: { enable_thinking: true } } : {}),
         }),
       });
-      if (!res.ok) {
-        let body = null;
-        try { body = await res.json(); } catch (_) { body = null; }
-        throw new Error(errorMessage(body, res.status + " " + res.statusText));
-      }
-      const reader = res.body.getReader();
-      const decoder = new TextDecoder();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        const events = buffer.split("\n\n");
-        buffer = events.pop();
-        for (const ev of events) {
-          const data = ev.startsWith("data: ") ? ev.slice(6) : "";
-          if (!data || data === "[DONE]") continue;
+      for await (const { data } of events) {
+        if (data !== "[DONE]") {
           const chunk = JSON.parse(data);
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
           const d = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
