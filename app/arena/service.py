@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.arena.models import SIDES, Battle, BattleCreate, BattlePublic, Leaderboard, Standing
 from app.auth.models import User
-from app.core.db import owned, owned_page, session_scope, utcnow
+from app.core.db import locked, owned, owned_page, session_scope, utcnow
 from app.core.echo import echo
 from app.core.errors import FieldError
 from app.core.security import new_id
@@ -157,7 +157,7 @@ async def answer(battle_id: str, owner_id: int, side: str) -> AsyncIterator[dict
 
 def _keep(battle_id: str, side: str, text: str) -> None:
     with session_scope() as session:
-        battle = session.get_one(Battle, battle_id)
+        battle = locked(session, Battle, battle_id)  # the other side's answer may be kept at the same moment
         if battle.vote is None:
             battle.outputs = {**battle.outputs, side: text}
             session.add(battle)

@@ -36,6 +36,22 @@ class _Owned(Protocol):
 OwnedRow = TypeVar("OwnedRow", bound=_Owned)
 
 
+class _Identified(Protocol):
+    id: Any
+
+
+Row = TypeVar("Row", bound=_Identified)
+
+
+def locked(session: Session, model: type[Row], row_id: str) -> Row:
+    """The row, read after its write lock is taken for the rest of the session's transaction (a write of
+    nothing: PostgreSQL locks the row, SQLite the database), so that a read-modify-write of it cannot lose
+    a concurrent one's update: the other waits, then reads what this one committed."""
+    key = col(model.id)
+    session.exec(update(model).where(key == row_id).values(id=key))
+    return session.exec(select(model).where(key == row_id).execution_options(populate_existing=True)).one()
+
+
 def claim(session: Session, row: _Attempted, **values) -> bool:
     """Take ``row`` (a run, an artifact, an endpoint, a dataset) for one more attempt: a compare-and-set
     on its ``attempts``, so that of two deliveries of the same task only one goes on. Sets ``values``
