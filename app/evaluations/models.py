@@ -243,3 +243,37 @@ class EvaluationSamplePublic(SQLModel):
 class EvaluationSamplesPublic(SQLModel):
     data: list[EvaluationSamplePublic]
     count: int
+
+
+class ComparedRow(SQLModel):
+    """One subject's scores on an eval set: a run's checkpoint (``run_id``, ``step``) or a base model."""
+
+    kind: str
+    label: str
+    run_id: str | None
+    step: int | None
+    base_model: str | None
+    evaluation_id: str
+    scores: dict[str, Any]  # metric -> {mean, low, high, n}, as in an evaluation's summary
+    chip_seconds: float  # the whole evaluation's (its subjects were served one after another)
+    cost_usd: float
+    finished_at: datetime | None
+
+
+class EvalSetComparison(SQLModel):
+    """The subjects of the compared runs that were asked one eval set, the newest evaluation of each, with
+    the run settings that differ between those runs (``config_differences``: key -> run id -> value)."""
+
+    eval_set: str  # the same key for the same records: dataset, held-out lines, sample count
+    label: str
+    dataset_id: str | None
+    samples: int
+    metrics: list[str]
+    rows: list[ComparedRow]
+    config_differences: dict[str, dict[str, Any]]
+
+
+class EvaluationComparison(SQLModel):
+    run_ids: list[str]
+    data: list[EvalSetComparison]
+    count: int

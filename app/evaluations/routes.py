@@ -18,6 +18,7 @@ from app.endpoints.models import EndpointPublic
 from app.evaluations import service
 from app.evaluations.models import (
     Evaluation,
+    EvaluationComparison,
     EvaluationCreate,
     EvaluationPublic,
     EvaluationSamplePublic,
@@ -56,6 +57,21 @@ def list_evaluations(
     """The user's evaluations, newest first (`?run_id=` filters), summaries included."""
     rows = service.list_evaluations(session, user, run_id=run_id, limit=limit, offset=offset)
     return EvaluationsPublic(data=[service.to_public(e) for e in rows], count=len(rows))
+
+
+@router.get("/compare", response_model=EvaluationComparison)
+def compare_runs(
+    session: SessionDep, user: CurrentUser, run_ids: Annotated[str, Query(max_length=2000)]
+) -> EvaluationComparison:
+    """Runs compared by their evaluations (`?run_ids=run-a,run-b`): per eval set (the same records), each
+    evaluated checkpoint and base model with its scores and its evaluation's cost, and the run settings
+    that differ. The runs compare page shows it."""
+    ids = [i for i in run_ids.split(",") if i]
+    try:
+        groups = service.compare_runs(session, user, ids)
+    except service.EvaluationError as exc:
+        raise errors.answer(exc) from exc
+    return EvaluationComparison(run_ids=ids, data=groups, count=len(groups))
 
 
 @router.get("/{evaluation_id}", response_model=EvaluationPublic)

@@ -6,9 +6,11 @@ cancels one with ``cancel``. The only place an evaluation's state changes."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
@@ -28,6 +30,8 @@ from app.evaluations import metrics
 from app.evaluations.models import (
     MAX_SUBJECTS,
     TERMINAL,
+    ComparedRow,
+    EvalSetComparison,
     Evaluation,
     EvaluationCreate,
     EvaluationPublic,
@@ -41,6 +45,9 @@ from app.runs.models import Run, RunCheckpoint
 
 # Dataset formats whose records end with an answer to score against (the last assistant message: a
 # preference pair's chosen answer); a `text` dataset has none.
+# The newest succeeded evaluations a comparison of runs looks through.
+COMPARED_EVALUATIONS = 500
+
 WITH_REFERENCES = {"chat", "prompt_completion", "alpaca", "preference"}
 
 
@@ -227,6 +234,108 @@ def _resolve(session: Session, owner: User, subject: Subject, field: str) -> dic
     except base_models.BaseModelError as exc:
         raise EvaluationError(field, f"{field}: {exc}", missing=True) from exc
     return {**base, "pool": get_settings().pool, "label": f"{subject.base_model} (base)"}
+
+
+def compare_runs(session: Session, owner: User, run_ids: list[str]) -> list[EvalSetComparison]:
+    """The runs' checkpoints (and their base models) as evaluated, grouped by eval set: for each set, a row
+    per subject from its newest succeeded evaluation, and the run settings that differ between the runs
+    in it. A set is the same records whatever evaluation asked them: the same dataset, the same lines held
+    out (two runs with one dataset, fraction and seed hold out the same ones) and as many samples."""
+    runs: dict[str, Run] = {}
+    for run_id in dict.fromkeys(run_ids):
+        run = session.get(Run, run_id)
+        if run is None or run.owner_id != owner.id:
+            raise EvaluationError("run_ids", f"run {echo(run_id)} not found", missing=True)
+        runs[run_id] = run
+    evaluations = session.exec(
+        select(Evaluation)
+        .where(Evaluation.owner_id == owner.id, Evaluation.status == EvaluationStatus.succeeded)
+        .order_by(col(Evaluation.finished_at).desc())
+        .limit(COMPARED_EVALUATIONS)
+    ).all()
+    groups: dict[str, EvalSetComparison] = {}
+    seen: set[tuple[str, str]] = set()
+    for evaluation in evaluations:  # newest first: the first row of a subject on a set is its newest
+        mine = [
+            s
+            for s in evaluation.subjects
+            if s.get("run_id") in runs and s["kind"] in ("checkpoint", "base") and s["key"] in evaluation.summary
+        ]
+        if not mine:
+            continue
+        key, label, samples = _eval_set(session, evaluation)
+        group = groups.get(key) or groups.setdefault(
+            key,
+            EvalSetComparison(
+                eval_set=key,
+                label=label,
+                dataset_id=evaluation.dataset_id,
+                samples=samples,
+                metrics=[],
+                rows=[],
+                config_differences={},
+            ),
+        )
+        for subject in mine:
+            base = subject["kind"] == "base"
+            who = f"base:{subject['base_model']}" if base else f"{subject['run_id']}@{subject['step']}"
+            if (key, who) in seen:
+                continue
+            seen.add((key, who))
+            summary = evaluation.summary[subject["key"]]
+            scores = {m: v for m, v in summary.items() if isinstance(v, dict) and "mean" in v}
+            group.metrics.extend(m for m in scores if m not in group.metrics)
+            group.rows.append(
+                ComparedRow(
+                    kind=subject["kind"],
+                    label=subject["label"],
+                    run_id=None if base else subject["run_id"],
+                    step=subject.get("step"),
+                    base_model=subject.get("base_model"),
+                    evaluation_id=evaluation.id,
+                    scores=scores,
+                    chip_seconds=evaluation.chip_seconds,
+                    cost_usd=evaluation.chip_seconds / 3600 * evaluation.price_per_chip_hour,
+                    finished_at=evaluation.finished_at,
+                )
+            )
+    order = {run_id: i for i, run_id in enumerate(runs)}
+    for group in groups.values():
+        group.rows.sort(key=lambda r: (r.run_id is None, order.get(r.run_id or "", 0), r.step or 0, r.label))
+        group.config_differences = _config_differences([runs[r.run_id] for r in group.rows if r.run_id])
+    return list(groups.values())
+
+
+def _eval_set(session: Session, evaluation: Evaluation) -> tuple[str, str, int]:
+    """An evaluation's eval set as (key, label, samples): the dataset, the lines a run held out of it
+    (``validation_of``), and how many of its conversations were asked."""
+    samples = evaluation.samples_total // requests_per_sample(len(evaluation.subjects), evaluation.config)
+    of = evaluation.config.get("validation_of")
+    split = session.get(Run, of) if of else None
+    if of and (split is None or split.validation_dataset_id is None):
+        lines = sorted(split.held_out_lines or []) if split else []
+        digest = hashlib.sha256(orjson.dumps(lines)).hexdigest()[:16] if lines else f"run:{of}"
+        key = f"{evaluation.dataset_id}:lines:{digest}:{samples}"
+        label = f"dataset {evaluation.dataset_id}: {samples} of the records run {of} held out of its training"
+    else:
+        key = f"{evaluation.dataset_id}:{samples}"
+        label = f"dataset {evaluation.dataset_id}, its first {samples} conversations"
+    return key, label, samples
+
+
+def _config_differences(runs: list[Run]) -> dict[str, dict[str, Any]]:
+    """The settings (base model, datasets, each config key) whose values are not the same in all runs."""
+    settings = {
+        r.id: {"base_model": r.base_model, "dataset_id": r.dataset_id, "validation_dataset_id": r.validation_dataset_id}
+        | r.config
+        for r in runs
+    }
+    keys = dict.fromkeys(k for values in settings.values() for k in values)
+    return {
+        k: {run_id: values.get(k) for run_id, values in settings.items()}
+        for k in keys
+        if len({orjson.dumps(values.get(k)) for values in settings.values()}) > 1
+    }
 
 
 def waiting_tasks(session: Session) -> list[queue.Waiting]:

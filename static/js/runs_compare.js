@@ -155,6 +155,52 @@
 
   $("show-all-keys").addEventListener("change", renderDiff);
 
+  // ---------- evaluations ----------
+  // One table per eval set (the same records): a row per evaluated checkpoint or base model, each metric's
+  // mean [95% interval] (the best marked), its evaluation's cost, then the run settings that differ.
+  function evalSetTable(set) {
+    const keys = Object.keys(set.config_differences);
+    const best = {};
+    set.metrics.forEach((m) => {
+      const means = set.rows.map((r) => (r.scores[m] ? r.scores[m].mean : null)).filter((v) => v !== null);
+      if (means.length >= 2 && new Set(means).size > 1) best[m] = means.reduce((a, b) => (R.evalBetter(m, a, b) ? a : b));
+    });
+    const head = el("tr", {}, el("th", {}, "Subject"),
+      set.metrics.map((m) => el("th", { className: "num" }, R.evalAxis(m))),
+      el("th", { className: "num" }, "Evaluation cost"),
+      keys.map((k) => el("th", { className: "mono diff-col" }, k)));
+    const body = set.rows.map((r) => el("tr", { dataset: { run: r.run_id || "", step: r.step === null ? "" : String(r.step), kind: r.kind } },
+      el("td", {}, r.run_id
+        ? el("span", {}, el("a", { className: "mono", href: "/runs/" + encodeURIComponent(r.run_id) }, r.run_id), " step " + r.step)
+        : el("span", {}, r.label)),
+      set.metrics.map((m) => {
+        const s = r.scores[m];
+        return el("td", { className: "num" + (s && best[m] === s.mean ? " best" : ""), dataset: { metric: m } },
+          s ? R.evalText(m, s.mean) + " [" + R.evalText(m, s.low) + "–" + R.evalText(m, s.high) + "]" : "–");
+      }),
+      el("td", { className: "num" }, el("a", { href: "/evaluations/" + encodeURIComponent(r.evaluation_id) },
+        R.fmtUSD(r.cost_usd)), el("span", { className: "muted small" }, " · " + (r.chip_seconds / 3600).toFixed(3) + " chip-h")),
+      keys.map((k) => el("td", { className: "mono diff-col", dataset: { key: k } },
+        r.run_id ? R.fmtValue(set.config_differences[k][r.run_id]) : el("span", { className: "faint" }, "–")))));
+    return el("div", { className: "eval-set", dataset: { evalSet: set.eval_set } },
+      el("h3", { className: "small" }, set.label),
+      el("div", { className: "table-wrap" }, el("table", { className: "table compact eval-compare-table" }, el("thead", {}, head), el("tbody", {}, body))));
+  }
+
+  async function loadEvaluations() {
+    const box = $("evals-body");
+    if (!box) return;
+    try {
+      const found = await api("/api/v1/evaluations/compare?run_ids=" + runs.map((r) => encodeURIComponent(r.id)).join(","));
+      box.replaceChildren(...(found.data.length
+        ? found.data.map(evalSetTable)
+        : [el("div", { className: "placeholder", id: "evals-empty" },
+          "None of these runs has a finished evaluation: evaluate their checkpoints on one eval set to compare them here.")]));
+    } catch (err) {
+      box.replaceChildren(el("div", { className: "alert alert-error" }, "Could not load the evaluations: " + err.message));
+    }
+  }
+
   // ---------- data ----------
   // All rows each time: an eval row for step N can be recorded after step N+1's training row, so
   // reading only `since_step` would miss it.
@@ -194,6 +240,7 @@
 
   renderDiff();
   renderSummary();
+  loadEvaluations();
   Promise.all([loadPools(), ...runs.map((r) => loadMetrics(r).catch((err) => console.warn(r.id, err)))])
     .then(() => {
       renderAll();

@@ -102,6 +102,19 @@ def test_checkpoints_and_the_base_are_served_asked_and_scored(server, api, train
     assert ev["id"] in [e["id"] for e in listed["data"]]
     assert api.post(f"/api/v1/evaluations/{ev['id']}/cancel").status_code == 409
 
+    # The run compared by its evaluations: this eval set (the dataset's first 8 conversations) has a row
+    # per subject, with the summary's scores and the evaluation's cost; one run, so no settings differ.
+    compared = api.get("/api/v1/evaluations/compare", params={"run_ids": run["id"]}).json()
+    (group,) = [g for g in compared["data"] if g["eval_set"] == f"{run['dataset_id']}:8"]
+    assert group["samples"] == 8 and group["config_differences"] == {} and group["metrics"][: len(METRICS)] == METRICS
+    assert [(r["kind"], r["run_id"], r["step"], r["evaluation_id"]) for r in group["rows"]] == [
+        ("checkpoint", run["id"], 3, ev["id"]),
+        ("base", None, None, ev["id"]),
+    ]
+    for row, key in zip(group["rows"], ("s0", "s1"), strict=True):
+        assert row["scores"] == {m: v for m, v in ev["summary"][key].items()}
+        assert row["chip_seconds"] == ev["chip_seconds"] and row["cost_usd"] == ev["cost_usd"]
+
 
 def test_the_references_perplexity_is_what_transformers_computes(server, api, trained_run, checkpoint_evaluation):
     """The references' perplexity under step 3, as transformers computes it: the reference's tokens are
@@ -208,6 +221,8 @@ def test_bad_evaluations_are_named_and_change_nothing(server, api, trained_run):
         },
     )
     assert r.status_code == 404 and "endpoint 'ep-x' not found" in r.json()["detail"], r.text  # the judge
+    r = other.get("/api/v1/evaluations/compare", params={"run_ids": run["id"]})  # nor compare someone's runs
+    assert r.status_code == 404 and f"run '{run['id']}' not found" in r.json()["detail"], r.text
     assert other.get("/api/v1/evaluations").json()["count"] == 0
     assert api.get("/api/v1/evaluations").json()["count"] == before
 

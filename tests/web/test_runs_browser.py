@@ -18,8 +18,18 @@ LIVE_TIMEOUT = 60_000
 RUN_PAGE = re.compile(r".*/runs/run-[^/?#]+$")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
-# A run small enough to finish in about a minute on CPU.
-TINY = {"max_steps": 60, "batch_size": 8, "max_seq_len": 64, "eval_every_steps": 20, "checkpoint_every_steps": 30}
+# The demo run: long enough for the tiny model to learn the demo task (about 70% of the held-out questions
+# answered word for word after 800 steps at this rate, 90% after 1000; none after 300), about a minute on CPU.
+TINY = {
+    "max_steps": 800,
+    "batch_size": 8,
+    "max_seq_len": 64,
+    "learning_rate": 0.003,
+    "eval_every_steps": 200,
+    "checkpoint_every_steps": 400,
+}
+STEPS = [400, 800]  # its checkpoints
+SWEEP_SAMPLES = 16  # held-out questions its checkpoint sweep asks
 
 # Shared between tests in this module: the run the acceptance test launched through the form.
 _launched: dict[str, str] = {}
@@ -34,6 +44,22 @@ def demo_dataset(server) -> dict:
     dataset = wait_dataset(server, client, r.json()["id"])
     assert dataset["status"] == "ready", dataset
     return dataset
+
+
+def second_run(client: httpx.Client, dataset: dict) -> str:
+    """A short run beside the launched one, at three times its learning rate (made once, kept for the tests
+    after): the compare views' other run."""
+    if "second" not in _launched:
+        first = client.get(f"/api/v1/runs/{launched_run(client, dataset)}").json()
+        config = {**TINY, "max_steps": 60, "eval_every_steps": 20, "checkpoint_every_steps": 60}
+        config["learning_rate"] = first["config"]["learning_rate"] * 3
+        r = client.post(
+            "/api/v1/runs",
+            json={"dataset_id": first["dataset_id"], "pool": "cpu", "suffix": first["suffix"], "config": config},
+        )
+        assert r.status_code == 201, r.text
+        _launched["second"] = r.json()["id"]
+    return _launched["second"]
 
 
 def launched_run(client: httpx.Client, dataset: dict) -> str:
@@ -97,6 +123,7 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     page.fill("[name=max_steps]", str(TINY["max_steps"]))
     page.fill("[name=batch_size]", str(TINY["batch_size"]))
     page.fill("[name=max_seq_len]", str(TINY["max_seq_len"]))
+    page.fill("[name=learning_rate]", str(TINY["learning_rate"]))
     expect(page.locator("[name=epochs]")).to_be_disabled()  # max steps wins
     page.locator("#advanced summary").click()
     page.fill("[name=eval_every_steps]", str(TINY["eval_every_steps"]))
@@ -108,7 +135,7 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     expect(page.locator("#pf-params")).not_to_have_text("–")
     expect(page.locator("#pf-fits")).to_be_visible()
     expect(page.locator("#pf-warning")).to_be_hidden()
-    expect(page.locator("#pf-tokens")).to_have_text(re.compile(r"^30\.7K$"))  # 60 steps x 8 x 64 tokens
+    expect(page.locator("#pf-tokens")).to_have_text("410K")  # 800 steps x 8 x 64 tokens
     page.locator("#advanced summary").click()  # close it again for the screenshot
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(ARTIFACTS / "run-new.png"), full_page=True)
@@ -174,12 +201,12 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     )
     assert page.evaluate("Chart.getChart('loss-chart').data.datasets[1].data.map(p => [p.x, p.y])") == sorted(api_evals)
 
-    # Checkpoints every 30 steps (both kept), the final model name, the cards, the events log.
+    # Checkpoints every 400 steps (both kept), the final model name, the cards, the events log.
     rows = page.locator("#checkpoints-table tbody tr[data-step]")
     expect(rows).to_have_count(2, timeout=10_000)
-    assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == [30, 60]
+    assert sorted(int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.step)")) == STEPS
     expect(page.locator("#fine-tuned-model")).to_have_text(re.compile(rf"^ft:tiny-gemma4:capitals:{run_id}$"))
-    expect(page.locator("#stat-step")).to_have_text("60")
+    expect(page.locator("#stat-step")).to_have_text(f"{TINY['max_steps']:,}")
     expect(page.locator("#stat-step-time-note")).to_have_text(re.compile(r"^host memory \d+\.\d\d GB peak$"))
     expect(page.locator("#run-progress-bar")).to_have_class(re.compile(r"\bdone\b"))
     expect(page.locator("#events-table tbody tr").first).to_contain_text("succeeded", timeout=10_000)
@@ -192,20 +219,12 @@ def test_launch_tiny_run_and_watch_it_train(page: Page, server):
     page.goto("/runs")
     row = page.locator(f'#runs-body tr[data-id="{run_id}"]')
     expect(row.locator(".pill")).to_have_text("succeeded")
-    expect(row).to_contain_text("60 / 60")
+    expect(row).to_contain_text(f"{TINY['max_steps']:,} / {TINY['max_steps']:,}")
 
 
 def test_compare_view(page: Page, server, demo_dataset):
     client = server.client()
-    first = launched_run(client, demo_dataset)
-    base = client.get(f"/api/v1/runs/{first}").json()
-    config = {k: base["config"][k] for k in TINY} | {"learning_rate": base["config"]["learning_rate"] * 3}
-    r = client.post(
-        "/api/v1/runs",
-        json={"dataset_id": base["dataset_id"], "pool": "cpu", "suffix": base["suffix"], "config": config},
-    )
-    assert r.status_code == 201, r.text
-    second = r.json()["id"]
+    first, second = launched_run(client, demo_dataset), second_run(client, demo_dataset)
     for run_id in (first, second):
         run = wait_run(server, client, run_id)
         assert run["status"] == "succeeded", describe_failure(server, client, run_id)
@@ -317,12 +336,12 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
     link = merged.locator("a", has_text="model.safetensors")
     expect(link).to_have_attribute("href", re.compile(r"^/api/v1/artifacts/art-[0-9a-f]+/files/model.safetensors$"))
 
-    # Export checkpoint 30 as a PEFT adapter from its row; the new artifact goes live on the page.
-    page.locator('#checkpoints-table tr[data-step="30"] button[data-kind="adapter"]').click()
+    # Export the first checkpoint as a PEFT adapter from its row; the new artifact goes live on the page.
+    page.locator(f'#checkpoints-table tr[data-step="{STEPS[0]}"] button[data-kind="adapter"]').click()
     adapter = page.locator('#artifacts-table tbody tr[data-kind="adapter"]')
     expect(adapter).to_have_count(1, timeout=10_000)
     expect(adapter).to_have_attribute("data-status", "succeeded", timeout=TRAIN_TIMEOUT)
-    expect(adapter.locator("td").nth(2)).to_have_text("30")
+    expect(adapter.locator("td").nth(2)).to_have_text(str(STEPS[0]))
     adapter.locator("summary").click()
     expect(adapter.locator("a", has_text="adapter_model.safetensors")).to_be_visible()
     page.locator("#artifacts-card").screenshot(path=str(ARTIFACTS / "run-artifacts.png"))
@@ -341,8 +360,8 @@ def test_artifacts_merged_on_success_and_exported_on_demand(page: Page, server, 
         row = page.locator(f'#artifacts-table tbody tr[data-id="{a["id"]}"]')
         expect(row).to_have_attribute("data-status", "succeeded", timeout=10_000)
     assert sorted((a["kind"], a["checkpoint_step"], a["status"]) for a in listed) == [
-        ("adapter", 30, "succeeded"),
-        ("merged", 60, "succeeded"),
+        ("adapter", STEPS[0], "succeeded"),
+        ("merged", STEPS[1], "succeeded"),
     ]
 
     # The run's Delete button says what is in the way: its artifacts, named.
@@ -453,13 +472,13 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     client = server.client()
     page.goto(f"/runs/{tiny_run['id']}")
     expect(page.locator("#sweep-empty")).to_be_visible()
-    page.fill("#sweep-samples", "6")
+    page.fill("#sweep-samples", str(SWEEP_SAMPLES))
     page.fill("#sweep-tokens", "12")
     page.click("#sweep-start")
     expect(page).to_have_url(re.compile(r".*/evaluations/ev-[^/?#]+$"))
     evaluation = {"id": page.url.rsplit("/", 1)[1]}
     created = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()
-    assert [s.get("step") for s in created["subjects"]] == [30, 60, None], created["subjects"]
+    assert [s.get("step") for s in created["subjects"]] == [*STEPS, None], created["subjects"]
     assert created["dataset_id"] == tiny_run["dataset_id"] and created["config"]["metrics"] == ["exact_match", "chrf"]
     assert created["config"]["validation_of"] == tiny_run["id"]  # the records its training held out
     page.goto("/evaluations")
@@ -471,7 +490,7 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     # Three subjects served one after another (one of them merged first) beside the rest of the suite:
     # on a loaded 2-core machine that has taken longer than a run trains.
     expect(page.locator("#evaluation-status")).to_have_text("succeeded", timeout=2 * TRAIN_TIMEOUT)
-    expect(page.locator("#progress-count")).to_have_text("18 of 18 replies")
+    expect(page.locator("#progress-count")).to_have_text(f"{3 * SWEEP_SAMPLES} of {3 * SWEEP_SAMPLES} replies")
 
     scores = client.get(f"/api/v1/evaluations/{evaluation['id']}").json()["summary"]
     rows = page.locator("#summary-table tbody tr")
@@ -480,9 +499,13 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     expect(rows.nth(1)).to_contain_text(f"{100 * chrf['mean']:.1f} [{100 * chrf['low']:.1f}–{100 * chrf['high']:.1f}]")
     expect(rows.nth(2)).to_contain_text("tiny-gemma4 (base)")
     assert page.locator("#summary-chart").bounding_box()["height"] > 100
+    # The demo task is learnt: the final checkpoint answers held-out questions word for word, the base
+    # model (random weights) none, and their intervals do not overlap.
+    final, base = scores["s1"]["exact_match"], scores["s2"]["exact_match"]
+    assert final["mean"] >= 0.3 and final["low"] > base["high"], (final, base)
 
     samples = page.locator("#samples-table tbody tr")
-    expect(samples).to_have_count(6)
+    expect(samples).to_have_count(SWEEP_SAMPLES)
     expect(samples.first.locator("td").first).to_have_text("0")
     page.select_option("#samples-order", "spread")
     spread = client.get(f"/api/v1/evaluations/{evaluation['id']}/samples", params={"order": "spread"}).json()["data"]
@@ -492,13 +515,14 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     )
     page.screenshot(path=str(ARTIFACTS / "evaluation.png"), full_page=True)
 
-    # The run page charts the sweep: chrF by step, the base model's as a line, the best step marked.
+    # The run page charts the sweep: exact match by step, the base model's as a line, the best step marked.
     page.goto(f"/runs/{tiny_run['id']}")
-    page.select_option("#sweep-metric", "chrf")
-    by_step = {30: scores["s0"]["chrf"]["mean"], 60: chrf["mean"]}
+    page.select_option("#sweep-metric", "exact_match")
+    by_step = {STEPS[0]: scores["s0"]["exact_match"]["mean"], STEPS[1]: final["mean"]}
     best = max(by_step, key=lambda step: by_step[step])
-    expect(page.locator("#sweep-best")).to_have_text(f"Best by chrf: step {best} ({100 * by_step[best]:.1f}%)")
-    expect(page.locator("#sweep-note")).to_contain_text(f"base model {100 * scores['s2']['chrf']['mean']:.1f}%")
+    assert best == STEPS[1], by_step  # still learning: no overfitting yet
+    expect(page.locator("#sweep-best")).to_have_text(f"Best by exact_match: step {best} ({100 * by_step[best]:.1f}%)")
+    expect(page.locator("#sweep-note")).to_contain_text(f"base model {100 * base['mean']:.1f}%")
     assert page.locator("#sweep-chart").bounding_box()["height"] > 100
     expect(page.locator("#sweep-link")).to_have_text(f"{evaluation['id']} · succeeded")
     page.locator("#sweep-card").screenshot(path=str(ARTIFACTS / "checkpoint-sweep.png"))
@@ -509,7 +533,7 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     expect(page.locator("#promote-card")).to_be_visible(timeout=LIVE_TIMEOUT)
     options = page.locator("#promote-subject option")
     expect(options).to_have_count(2)
-    expect(options.first).to_contain_text("(best)")
+    expect(options.first).to_contain_text(re.compile(rf"step {STEPS[1]} · \w+ [\d.]+ \(best\)$"))  # the final one
     expect(page.locator("#promote-target")).to_have_value("")  # a new endpoint
     deployed = []
     for option in (0, 1):
@@ -548,3 +572,50 @@ def test_an_evaluation_page_shows_progress_scores_and_samples(page: Page, server
     page.screenshot(path=str(ARTIFACTS / "arena.png"), full_page=True)
     for endpoint_id in deployed:
         client.post(f"/api/v1/endpoints/{endpoint_id}/stop")
+
+    # The compare view of the two runs: the other run's final checkpoint asked the same held-out questions
+    # (its own split is the same records: one dataset, fraction and seed) lines up with this sweep, with
+    # the settings that differ beside the scores and costs.
+    other = wait_run(server, client, second_run(client, {"id": tiny_run["dataset_id"]}))
+    assert other["status"] == "succeeded", describe_failure(server, client, other["id"])
+    r = client.post(
+        "/api/v1/evaluations",
+        json={
+            "validation_of": other["id"],
+            "subjects": [{"kind": "checkpoint", "run_id": other["id"]}],
+            "metrics": ["exact_match", "chrf"],
+            "max_samples": SWEEP_SAMPLES,
+            "max_tokens": 12,
+        },
+    )
+    assert r.status_code == 201, r.text
+
+    def evaluated():
+        e = client.get(f"/api/v1/evaluations/{r.json()['id']}").json()
+        return e if e["status"] in TERMINAL else None
+
+    done = server.wait_for(evaluated, timeout=TRAIN_TIMEOUT_S, interval=1, what="the other run's evaluation")
+    assert done["status"] == "succeeded", done["error"]
+    compared = client.get("/api/v1/evaluations/compare", params={"run_ids": f"{tiny_run['id']},{other['id']}"}).json()
+    (same,) = compared["data"]  # one eval set: both evaluations asked the same records
+    assert [(row["run_id"], row["step"]) for row in same["rows"]] == [
+        *((tiny_run["id"], step) for step in STEPS),
+        (other["id"], other["total_steps"]),
+        (None, None),  # the base
+    ]
+    assert same["config_differences"]["learning_rate"] == {
+        tiny_run["id"]: TINY["learning_rate"],
+        other["id"]: other["config"]["learning_rate"],
+    }
+    assert "lora_rank" not in same["config_differences"]
+
+    page.goto(f"/runs/compare?ids={tiny_run['id']},{other['id']}")
+    table = page.locator(f'#evals-card .eval-set[data-eval-set="{same["eval_set"]}"] table')
+    expect(table.locator("tbody tr")).to_have_count(4, timeout=LIVE_TIMEOUT)
+    best = table.locator(f'tbody tr[data-run="{tiny_run["id"]}"][data-step="{STEPS[1]}"] td[data-metric="exact_match"]')
+    expect(best).to_have_class(re.compile(r"\bbest\b"))
+    expect(best).to_contain_text(f"{100 * final['mean']:.1f} [")
+    lr = table.locator(f'tbody tr[data-run="{other["id"]}"] td[data-key="learning_rate"]')
+    expect(lr).to_have_text(str(other["config"]["learning_rate"]))
+    expect(table.locator("thead")).to_contain_text("Evaluation cost")
+    page.locator("#evals-card").screenshot(path=str(ARTIFACTS / "evaluations-compare.png"))
