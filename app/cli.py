@@ -94,19 +94,48 @@ def worker(
     pool: Annotated[str | None, typer.Option(help="The pool this host serves [TUNEDECK_POOL]")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks run at once")] = 2,
     name: Annotated[str | None, typer.Option(help="Worker name (default POOL@hostname)")] = None,
+    slice_: Annotated[
+        str | None,
+        typer.Option("--slice", help="A slice pool's worker: its slice (a Cloud TPU VM reads it) [TUNEDECK_SLICE]"),
+    ] = None,
+    host_index: Annotated[
+        int | None, typer.Option(min=0, help="Its host's place in the slice, 0 first [TUNEDECK_HOST_INDEX]")
+    ] = None,
 ) -> None:
-    """Run a worker for one pool: consumes the pool's queue and the shared 'general' queue."""
+    """Run a worker for one pool: consumes the pool's queue and the shared 'general' queue (and, on a host
+    of a multi-host slice, that host's own queue)."""
+    from app.core.db import session_scope
     from app.core.queue import GENERAL_QUEUE
+    from app.pools.models import Pool
+    from worker import slices
 
-    pool = pool or get_settings().pool
+    settings = get_settings()
+    pool = pool or settings.pool
+    slice_ = slice_ if slice_ is not None else settings.slice
+    host_index = host_index if host_index is not None else settings.host_index
+    with session_scope() as session:
+        row = session.get(Pool, pool)
+        try:
+            if row is None and (slice_ is not None or host_index is not None):
+                raise slices.SliceError(f"unknown pool {pool!r}: an admin adds it (Pools page) first")
+            place = slices.identify(row, slice_, host_index, settings.tpu_metadata_url) if row else None
+        except slices.SliceError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from exc
     os.environ["TUNEDECK_POOL"] = pool
+    queues = [pool, GENERAL_QUEUE]
+    if place is not None:
+        os.environ["TUNEDECK_SLICE"], os.environ["TUNEDECK_HOST_INDEX"] = place[0], str(place[1])
+        queues.append(slices.host_queue(pool, *place))
+        typer.echo(f"pool {pool}: host {place[1]} of slice {place[0]}")
+    get_settings.cache_clear()  # the worker's processes read its pool and place from the settings
     from worker.celery_app import celery
 
     celery.worker_main(
         [
             "worker",
             "--queues",
-            f"{pool},{GENERAL_QUEUE}",
+            ",".join(queues),
             "--hostname",
             name or f"{pool}@%h",
             "--concurrency",

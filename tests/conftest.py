@@ -230,6 +230,54 @@ def stop_server(server: Server, timeout: float = 30, keep_data: bool = False) ->
     return server.proc.returncode
 
 
+def start_worker(
+    server: Server, data_dir: Path, pool: str, hidden: list[Path] = (), args: list[str] = (), name: str = "host-b"
+) -> subprocess.Popen:
+    """A worker on "another host" of ``server``'s deployment: its own data dir, the deployment's database,
+    broker and secret, and none of ``hidden`` (each mounted over by an empty tmpfs in a mount namespace of
+    its own, so the worker and what it starts cannot see the files there). Stop it with stop_worker."""
+    import shlex
+
+    env = {
+        **server.env,
+        "TUNEDECK_DATA_DIR": str(data_dir),
+        "TUNEDECK_DATABASE_URL": server.env.get("TUNEDECK_DATABASE_URL")
+        or f"sqlite:///{server.data_dir / 'tunedeck.db'}",
+        "TUNEDECK_BROKER_URL": server.env.get("TUNEDECK_BROKER_URL")
+        or f"sqla+sqlite:///{server.data_dir / 'broker.db'}",
+        "TUNEDECK_WEB_URL": server.base_url,
+        "TUNEDECK_SECRET_KEY": (server.data_dir / "secret_key").read_text().strip(),
+        "TUNEDECK_TPU_METADATA_URL": "http://127.0.0.1:9",  # no Cloud TPU VM here: nothing listens, refused at once
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for path in hidden:
+        path.mkdir(parents=True, exist_ok=True)
+    mounts = "".join(f"mount -t tmpfs none {shlex.quote(str(p))} && " for p in hidden)
+    command = [sys.executable, "-m", "app.cli", "worker", "--pool", pool, "--name", f"{pool}@{name}", *args]
+    worker = "exec " + " ".join(shlex.quote(c) for c in command)
+    return subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts + worker],
+        cwd=ROOT,
+        env=env,
+        stdout=open(data_dir / "worker.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_worker(proc: subprocess.Popen, data_dir: Path) -> None:
+    """Stop a worker of start_worker, and whatever it started (endpoint supervisors, model servers)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for other in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if other.environ().get("TUNEDECK_DATA_DIR") == str(data_dir) and other.pid != os.getpid():
+                other.kill()
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that restarts PostgreSQL runs in the PostgreSQL suite only: beside it, in CI, the SQLite
     suite runs at the same time, and must not see the server it does not use go away."""

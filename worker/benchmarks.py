@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable
 
 import aiohttp
-import fsspec
 import numpy as np
 import orjson
 from sqlmodel import Session
 
+from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact
 from app.benchmarks import service as benchmarks
 from app.core.db import session_scope
@@ -44,6 +44,7 @@ from app.datasets.models import Dataset
 from app.datasets.validation import iter_conversations
 from app.endpoints.models import Endpoint
 from worker.beat import Beat
+from worker.model_cache import local_artifact
 from worker.probe import auth
 
 PROGRESS_EVERY_S = 0.5
@@ -141,8 +142,8 @@ def _prompts(session: Session, endpoint: Endpoint, config: dict) -> list[dict]:
     from tokenizers import Tokenizer
 
     artifact = session.get_one(Artifact, endpoint.artifact_id)  # deleting it deletes its endpoints
-    with fsspec.open(f"{artifact.path.rstrip('/')}/tokenizer.json", "r") as f:
-        tokenizer = Tokenizer.from_str(f.read())  # pyright: ignore[reportAttributeAccessIssue] (fsspec: a file)
+    directory = local_artifact(artifact, lambda: artifacts.served(session), log=log.info)  # here when it is served
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     special = set(tokenizer.get_added_tokens_decoder())
     vocab = [i for i in range(tokenizer.get_vocab_size()) if i not in special]
     rng = random.Random(config["seed"])

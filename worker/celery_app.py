@@ -31,7 +31,14 @@ def _init_process(**_):
 @signals.worker_ready.connect
 def _start_heartbeat(sender, **_):  # Celery sends every signal with its sender
     global _heartbeat
-    _heartbeat = Heartbeat(sender.hostname, os.environ.get("TUNEDECK_POOL", get_settings().pool), os.getpid())
+    settings = get_settings()
+    # a slice pool's worker: its place, as `tunedeck worker` found it (both set, or neither)
+    place = (
+        (settings.slice, settings.host_index)
+        if settings.slice is not None and settings.host_index is not None
+        else None
+    )
+    _heartbeat = Heartbeat(sender.hostname, settings.pool, os.getpid(), place)
     _heartbeat.start()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.exc import DBAPIError
 
+from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.config import get_settings
 from app.core.db import session_scope
@@ -27,6 +28,7 @@ from app.endpoints.models import Endpoint, EndpointStatus
 from app.pools.models import Pool
 from app.runs.models import Run
 from worker import runtimes
+from worker.model_cache import local_artifact
 from worker.probe import Scraper, auth, probe
 from worker.runs import base_model_dir
 
@@ -71,10 +73,15 @@ def supervise(endpoint_id: str, worker: str) -> None:
         port = free_port(host)
         url = f"http://{host}:{port}"
         try:
+            endpoints.phase(session, endpoint, "copying", url)
+            model_dir = local_artifact(
+                artifact, lambda: artifacts.served(session), log=lambda line: print(line, flush=True)
+            )
             server = runtimes.model_server(
                 endpoint,
                 artifact,
                 session.get(Pool, endpoint.pool),
+                model_dir=str(model_dir),
                 host=host,
                 port=port,
                 log=log_path(endpoint_id).with_suffix(".server.log"),

@@ -28,6 +28,7 @@ import httpx
 import orjson
 from sqlmodel import Session
 
+from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.benchmarks.service import DEFAULT_MAX_MODEL_LEN
 from app.core.config import get_settings
@@ -48,6 +49,7 @@ from worker import runtimes
 from worker.beat import Beat
 from worker.chat import ChatFormat, ChatTemplateError
 from worker.endpoints import free_port, log_path
+from worker.model_cache import local_artifact
 from worker.probe import auth
 from worker.runs import base_model_dir, model_dir
 
@@ -212,6 +214,7 @@ def served(
         return
     if subject["kind"] == "checkpoint":
         artifact = _merged(session, evaluation, subject, worker, stop)
+        directory = str(local_artifact(artifact, lambda: artifacts.served(session), log=log.info))
     else:  # a base model, served from its own directory as a merged checkpoint would be
         path, _ = model_dir(session, subject["base_model"])
         artifact = Artifact(
@@ -222,7 +225,7 @@ def served(
             checkpoint_step=0,
             name=subject["label"],
         )
-        artifact.path = str(path)
+        directory = artifact.path = str(path)
     pool = session.get(Pool, evaluation.pool)
     if pool is None:
         raise RuntimeError(f"pool {evaluation.pool} no longer exists")
@@ -243,11 +246,13 @@ def served(
     server_log = log_path(endpoint.id)  # beside the endpoints' own logs
     server_log.parent.mkdir(parents=True, exist_ok=True)
     # Whole checkpoints only (a merge, or a base model): no adapter on a base to serve
-    server = runtimes.model_server(endpoint, artifact, pool, host=host, port=port, log=server_log, base_dir=None)
+    server = runtimes.model_server(
+        endpoint, artifact, pool, model_dir=directory, host=host, port=port, log=server_log, base_dir=None
+    )
     try:
         server.start(lambda _phase: None)
         _wait_ready(server, url, endpoint.api_key, stop)
-        yield url, endpoint.api_key, endpoint.model, artifact.path
+        yield url, endpoint.api_key, endpoint.model, directory
     finally:
         server.stop()
 

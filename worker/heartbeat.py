@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    def __init__(self, hostname: str, pool: str, pid: int) -> None:
-        self.hostname, self.pool, self.pid = hostname, pool, pid
+    def __init__(self, hostname: str, pool: str, pid: int, slice_: tuple[str, int] | None = None) -> None:
+        self.hostname, self.pool, self.pid, self.slice = hostname, pool, pid, slice_
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tunedeck-heartbeat", daemon=True)
         self._docker = None  # the Docker Engine client of a TPU or GPU pool's worker, once made
@@ -45,7 +45,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         with session_scope() as session:
-            pools.heartbeat(session, self.hostname, self.pool, self.pid)
+            pools.heartbeat(session, self.hostname, self.pool, self.pid, self.slice)
             for run_id in runs.requeue_stale(session, self.pool):
                 log.warning("run %s lost its worker: re-queued", run_id)
             for artifact_id in artifacts.requeue_stale(session, self.pool):

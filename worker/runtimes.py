@@ -55,13 +55,23 @@ class ModelServer(Protocol):
 
 
 def model_server(
-    endpoint: Endpoint, artifact: Artifact, pool: Pool | None, *, host: str, port: int, log: Path, base_dir: str | None
+    endpoint: Endpoint,
+    artifact: Artifact,
+    pool: Pool | None,
+    *,
+    model_dir: str,
+    host: str,
+    port: int,
+    log: Path,
+    base_dir: str | None,
 ) -> ModelServer:
+    """The model server of an endpoint serving ``artifact``, whose files are in ``model_dir`` on this host
+    (worker.model_cache.local_artifact)."""
     if endpoint.runtime == Runtime.local:
-        return LocalServer(endpoint, artifact, host=host, port=port, log=log)
+        return LocalServer(endpoint, model_dir, host=host, port=port, log=log)
     if pool is None:  # deleted since the endpoint was deployed (an endpoint does not hold its pool)
         raise ValueError(f"pool {endpoint.pool!r} no longer exists: vLLM is started on its pool's chips")
-    spec = container_spec(endpoint, artifact, pool, host=host, port=port, base_dir=base_dir)
+    spec = container_spec(endpoint, artifact, pool, model_dir=model_dir, host=host, port=port, base_dir=base_dir)
     return VllmContainer(spec, log=log)
 
 
@@ -80,8 +90,8 @@ class LocalServer:
     """The built-in model server as a child of the supervisor, its output in ``log``. Its key goes in its
     environment (``VLLM_API_KEY``, as for vLLM), which only its user can read, not on its command line."""
 
-    def __init__(self, endpoint: Endpoint, artifact: Artifact, *, host: str, port: int, log: Path) -> None:
-        self.command = [sys.executable, "-m", "worker.serve", "--model", artifact.path]
+    def __init__(self, endpoint: Endpoint, model_dir: str, *, host: str, port: int, log: Path) -> None:
+        self.command = [sys.executable, "-m", "worker.serve", "--model", model_dir]
         self.command += ["--served-model-name", endpoint.model, "--host", host, "--port", str(port)]
         self.command += ["--max-model-len", str(endpoint.settings["max_model_len"])]
         self.command += ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])]
@@ -124,11 +134,19 @@ class LocalServer:
 
 
 def container_spec(
-    endpoint: Endpoint, artifact: Artifact, pool: Pool, *, host: str, port: int, base_dir: str | None = None
+    endpoint: Endpoint,
+    artifact: Artifact,
+    pool: Pool,
+    *,
+    model_dir: str,
+    host: str,
+    port: int,
+    base_dir: str | None = None,
 ) -> dict:
     """The keyword arguments of ``docker.containers.create`` for the endpoint's vLLM container.
 
-    A merged artifact is served as it is; an adapter is served on its base (``base_dir``) with
+    The artifact's files are mounted from ``model_dir``, its directory on this host. A merged artifact is
+    served as it is; an adapter is served on its base (``base_dir``) with
     ``--enable-lora``, under the endpoint's model name. The compile caches live in a volume under the
     data dir, so a restart does not compile again (a cold start of 31B compiles for about 10 minutes).
     The endpoint's key is ``VLLM_API_KEY`` (vLLM reads it when no ``--api-key`` is given): not in the
@@ -137,7 +155,7 @@ def container_spec(
     tpu = endpoint.runtime == Runtime.vllm_tpu
     cache = settings.data_dir / "cache" / "vllm"
     cache.mkdir(parents=True, exist_ok=True)
-    model_dir = f"{CONTAINER_MODELS}/{artifact.id}"
+    mounted = f"{CONTAINER_MODELS}/{artifact.id}"
     volumes = {
         str(cache): {"bind": CONTAINER_CACHE, "mode": "rw"},
         "/dev/shm": {"bind": "/dev/shm", "mode": "rw"},
@@ -148,17 +166,17 @@ def container_spec(
             raise ValueError(f"artifact {artifact.id} is an adapter: its base model's directory is needed")
         rank = int((artifact.verification or {}).get("lora_rank") or endpoint.settings.get("lora_rank") or 16)
         volumes[base_dir] = {"bind": f"{CONTAINER_MODELS}/base", "mode": "ro"}
-        volumes[artifact.path] = {"bind": model_dir, "mode": "ro"}
-        args = [f"{CONTAINER_MODELS}/base", "--enable-lora", "--lora-modules", f"{endpoint.model}={model_dir}"]
+        volumes[model_dir] = {"bind": mounted, "mode": "ro"}
+        args = [f"{CONTAINER_MODELS}/base", "--enable-lora", "--lora-modules", f"{endpoint.model}={mounted}"]
         args += ["--max-lora-rank", str(next(r for r in LORA_RANKS if r >= rank))]
     else:
-        volumes[artifact.path] = {"bind": model_dir, "mode": "ro"}
-        args = [model_dir, "--served-model-name", endpoint.model]
+        volumes[model_dir] = {"bind": mounted, "mode": "ro"}
+        args = [mounted, "--served-model-name", endpoint.model]
     args += ["--tensor-parallel-size", str(pool.chips)]
     args += ["--max-model-len", str(endpoint.settings["max_model_len"])]
     args += ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])]
     args += ["--host", host, "--port", str(port)]
-    parser = vllm_reasoning_parser(base_dir if artifact.kind == ArtifactKind.adapter and base_dir else artifact.path)
+    parser = vllm_reasoning_parser(base_dir if artifact.kind == ArtifactKind.adapter and base_dir else model_dir)
     if parser:  # thoughts come back as reasoning_content, as from the built-in server
         args += ["--reasoning-parser", parser]
     environment = {

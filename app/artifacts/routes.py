@@ -4,7 +4,7 @@ import posixpath
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.artifacts import service
@@ -81,10 +81,35 @@ def get_artifact(
 @router.get("/{artifact_id}/files/{name:path}")
 def download_file(artifact_id: str, name: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """One file of a succeeded artifact, streamed; HTTP range requests resume large downloads."""
-    artifact = _get(session, user, artifact_id)
+    return _file(_get(session, user, artifact_id), name, request)
+
+
+# Workers on other hosts copy an artifact's files from here (worker.model_cache), with a credential for that
+# artifact signed with the deployment's shared secret instead of a user's token. Not part of the API.
+worker_router = APIRouter(route_class=Route, prefix="/internal/artifacts", include_in_schema=False)
+
+
+@worker_router.get("/{artifact_id}/files/{name:path}")
+def worker_download_file(
+    artifact_id: str,
+    name: str,
+    request: Request,
+    session: SessionDep,
+    token: Annotated[str, Header(alias=service.WORKER_TOKEN_HEADER, max_length=500)] = "",
+) -> Response:
+    if not service.worker_token_allows(token, artifact_id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"no worker credential for artifact {artifact_id} (is TUNEDECK_SECRET_KEY the same on every host?)",
+        )
+    artifact = errors.found(session.get(Artifact, artifact_id), "artifact", artifact_id)
+    return _file(artifact, name, request)
+
+
+def _file(artifact: Artifact, name: str, request: Request) -> Response:
     found = service.open_file(artifact, name)
     if found is None or not found[0].exists(found[1]):
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact_id} has no file {name}")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"artifact {artifact.id} has no file {name}")
     fs, path, size = found
     filename = posixpath.basename(name)
     if "://" not in artifact.path:  # the data dir: the OS sends the file

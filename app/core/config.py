@@ -26,6 +26,12 @@ class Settings(BaseSettings):
     )
     secret_key: str | None = None
     pool: str = "cpu"
+    slice: str | None = Field(default=None, description="a worker of a slice pool: its slice (tunedeck worker --slice)")
+    host_index: int | None = Field(default=None, ge=0, description="its place in the slice (--host-index)")
+    tpu_metadata_url: str = Field(
+        default="http://metadata.google.internal",
+        description="a Cloud TPU VM's metadata server, where a slice pool's worker reads its slice and index",
+    )
     max_upload_bytes: int = Field(default=10 * 1024**3, gt=0)
     max_body_bytes: int = Field(
         default=1024**2, gt=0, description="the largest request body of the API and the pages (uploads aside)"
@@ -101,6 +107,17 @@ class Settings(BaseSettings):
     vllm_gpu_image: str = Field(default="vllm/vllm-openai:latest", description="the vLLM image of GPU pools")
     vllm_shm_size: str = Field(default="16g", description="the shared memory of a vLLM container")
     hf_token: SecretStr | None = Field(default=None, description="HF_TOKEN handed to vLLM containers")
+    web_url: str | None = Field(
+        default=None,
+        description="the web app's address as workers reach it: a worker on another host copies an "
+        "artifact from it when there is no artifact store (default http://HOST:PORT)",
+    )
+    artifact_cache_gb: float = Field(
+        default=200.0,
+        gt=0,
+        description="the artifacts a worker keeps copies of (built on other hosts) at most, in GB: the least "
+        "recently used that no live endpoint serves are removed past it",
+    )
     artifact_store: str = Field(
         default="",
         description="where finished artifacts are kept: an fsspec URL prefix (gs://bucket/prefix); "
@@ -148,6 +165,13 @@ class Settings(BaseSettings):
     @property
     def public_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def web_base_url(self) -> str:
+        """Where workers reach the web app (TUNEDECK_WEB_URL, else this host's listening address)."""
+        if self.web_url:
+            return self.web_url.rstrip("/")
+        return f"http://{'127.0.0.1' if self.host in ('0.0.0.0', '::') else self.host}:{self.port}"
 
     def session_secret(self) -> str:
         """The cookie-signing key: TUNEDECK_SECRET_KEY, else one made once and kept in the data dir."""

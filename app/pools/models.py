@@ -1,24 +1,50 @@
 from datetime import datetime
 
-from pydantic import field_validator
+from pydantic import ValidationInfo, field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.db import utcnow
 from app.core.schemas import NAME_LENGTH, Schema
 
 MAX_PRICE = 100_000.0  # USD per chip-hour, far above any real price
-ACCELERATORS = ("cpu", "tpu-v5p-8", "tpu-v6e-8", "tpu-v5e-8", "gpu-h100x1", "gpu-h100x2", "gpu-h100x8", "gpu-h200x1")
+ACCELERATORS = (
+    "cpu",
+    "tpu-v5p-8",
+    "tpu-v5p-16",
+    "tpu-v5p-32",
+    "tpu-v6e-8",
+    "tpu-v5e-8",
+    "gpu-h100x1",
+    "gpu-h100x2",
+    "gpu-h100x8",
+    "gpu-h200x1",
+)
+MAX_HOSTS_PER_SLICE = 256
 
 
 class PoolBase(Schema):
     accelerator: str = Field(max_length=32, description=f"one of {', '.join(ACCELERATORS)}")
-    chips: int = Field(ge=1, le=4096)
+    chips: int = Field(ge=1, le=4096, description="the chips a job gets: on a multi-host slice, all of its hosts'")
+    hosts_per_slice: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_HOSTS_PER_SLICE,
+        description="hosts that make one slice (a TPU v5p-16 slice: 2 hosts of 4 chips), whose jobs run on all of them",
+    )
     price_per_chip_hour: float = Field(ge=0, le=MAX_PRICE, description="USD per chip-hour")
     description: str = Field(default="", max_length=500)
 
 
 class PoolCreate(PoolBase):
     name: str = Field(min_length=1, max_length=NAME_LENGTH, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"})
+
+    @field_validator("hosts_per_slice")
+    @classmethod
+    def _chips_per_host(cls, hosts: int, info: ValidationInfo) -> int:
+        chips = info.data.get("chips")
+        if chips is not None and chips % hosts:
+            raise ValueError(f"{chips} chips do not split evenly over {hosts} hosts")
+        return hosts
 
 
 class PoolUpdate(Schema):
@@ -49,6 +75,8 @@ class WorkerHost(SQLModel, table=True):
     __tablename__ = "worker_hosts"  # pyright: ignore[reportAssignmentType]
     hostname: str = Field(primary_key=True, max_length=255)
     pool: str = Field(max_length=64, index=True)
+    slice: str | None = Field(default=None, max_length=128)  # of a multi-host slice pool: its slice
+    host_index: int | None = None  # and its place in it (0: the slice's coordinator)
     pid: int
     started_at: datetime = Field(default_factory=utcnow)
     last_seen: datetime = Field(default_factory=utcnow, index=True)
@@ -58,16 +86,28 @@ class WorkerHost(SQLModel, table=True):
 class WorkerPublic(SQLModel):
     hostname: str
     pool: str
+    slice: str | None
+    host_index: int | None
     pid: int
     started_at: datetime
     last_seen: datetime
     online: bool
 
 
+class SlicePublic(SQLModel):
+    """A slice of a multi-host pool as its workers report it: its hosts by index."""
+
+    name: str
+    hosts: list[WorkerPublic]
+    complete: bool  # every host of the slice is online
+
+
 class PoolPublic(PoolCreate):
     created_at: datetime
+    chips_per_host: int
     workers_online: int
     workers: list[WorkerPublic]
+    slices: list[SlicePublic]
 
 
 class PoolsPublic(SQLModel):

@@ -42,6 +42,7 @@ def create_pool(
     chips: Annotated[str, Form()],
     price_per_chip_hour: Annotated[str, Form()],
     description: Annotated[str, Form()] = "",
+    hosts_per_slice: Annotated[str, Form()] = "1",
 ):
     if not user.is_admin:
         return _page(request, session, user, error="Only admins can change pools.", status_code=403)
@@ -51,6 +52,7 @@ def create_pool(
                 "name": name,
                 "accelerator": accelerator,
                 "chips": chips,
+                "hosts_per_slice": hosts_per_slice,
                 "price_per_chip_hour": price_per_chip_hour,
                 "description": description,
             }

@@ -8,10 +8,21 @@ from sqlmodel import Session, col, select
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.echo import echo
-from app.pools.models import ACCELERATORS, Pool, PoolCreate, PoolPublic, PoolUpdate, WorkerHost, WorkerPublic
+from app.pools.models import (
+    ACCELERATORS,
+    Pool,
+    PoolCreate,
+    PoolPublic,
+    PoolUpdate,
+    SlicePublic,
+    WorkerHost,
+    WorkerPublic,
+)
 
 # The embedded pool (this machine) and the two TPU pools of the published Gemma 4 recipe:
-# train on a v5p-8 (4 chips), serve on a v6e-8 (8 chips). Prices: on-demand USD per chip-hour.
+# train on a v5p-8 (4 chips), serve on a v6e-8 (8 chips); and the multi-host v5p slices, 4 chips a host
+# (v5p-16: 2 hosts, v5p-32: 4), whose runs train on every host of a slice. Prices: on-demand USD per
+# chip-hour.
 SEED_POOLS = (
     PoolCreate(name="cpu", accelerator="cpu", chips=1, price_per_chip_hour=0.0, description="This machine's CPU"),
     PoolCreate(
@@ -27,6 +38,22 @@ SEED_POOLS = (
         chips=8,
         price_per_chip_hour=2.70,
         description="TPU v6e-8 host: vLLM-TPU serving",
+    ),
+    PoolCreate(
+        name="tpu-v5p-16",
+        accelerator="tpu-v5p-16",
+        chips=8,
+        hosts_per_slice=2,
+        price_per_chip_hour=4.20,
+        description="TPU v5p-16 slice: 2 hosts of 4 chips, one run across both",
+    ),
+    PoolCreate(
+        name="tpu-v5p-32",
+        accelerator="tpu-v5p-32",
+        chips=16,
+        hosts_per_slice=4,
+        price_per_chip_hour=4.20,
+        description="TPU v5p-32 slice: 4 hosts of 4 chips, one run across all",
     ),
 )
 
@@ -64,7 +91,25 @@ def workers(session: Session, pool: str | None = None) -> list[WorkerPublic]:
 
 
 def to_public(pool: Pool, pool_workers: list[WorkerPublic]) -> PoolPublic:
-    return PoolPublic(**pool.model_dump(), workers=pool_workers, workers_online=sum(w.online for w in pool_workers))
+    by_slice: dict[str, list[WorkerPublic]] = {}
+    for w in pool_workers:
+        if w.slice is not None:
+            by_slice.setdefault(w.slice, []).append(w)
+    slices = [
+        SlicePublic(
+            name=name,
+            hosts=sorted(hosts, key=lambda w: w.host_index or 0),
+            complete={w.host_index for w in hosts if w.online} == set(range(pool.hosts_per_slice)),
+        )
+        for name, hosts in sorted(by_slice.items())
+    ]
+    return PoolPublic(
+        **pool.model_dump(),
+        chips_per_host=pool.chips // pool.hosts_per_slice,
+        workers=pool_workers,
+        workers_online=sum(w.online for w in pool_workers),
+        slices=slices,
+    )
 
 
 def list_pools(session: Session) -> list[PoolPublic]:
@@ -93,6 +138,8 @@ def create_pool(session: Session, data: PoolCreate) -> Pool:
 def update_pool(session: Session, pool: Pool, data: PoolUpdate) -> Pool:
     changes = data.model_dump(exclude_unset=True)
     _check_accelerator(changes.get("accelerator"))
+    if (chips := changes.get("chips", pool.chips)) % pool.hosts_per_slice:
+        raise PoolError("chips", f"{chips} chips do not split evenly over {pool.hosts_per_slice} hosts")
     pool.sqlmodel_update(changes)
     session.add(pool)
     session.commit()
@@ -113,12 +160,14 @@ def delete_pool(session: Session, pool: Pool) -> None:
         raise PoolInUse(f"pool {pool.name} has runs; it cannot be deleted") from exc
 
 
-def heartbeat(session: Session, hostname: str, pool: str, pid: int) -> None:
+def heartbeat(session: Session, hostname: str, pool: str, pid: int, slice_: tuple[str, int] | None = None) -> None:
+    """A worker is alive (``slice_``: the slice of a multi-host pool it is a host of, and its index there)."""
     host = session.get(WorkerHost, hostname)
     now = utcnow()
     if host is None or host.pid != pid or host.stopped_at is not None:
         host = host or WorkerHost(hostname=hostname, pool=pool, pid=pid)
         host.pool, host.pid, host.started_at, host.stopped_at = pool, pid, now, None
+        host.slice, host.host_index = slice_ if slice_ else (None, None)
     host.last_seen = now
     session.add(host)
     session.commit()

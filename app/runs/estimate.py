@@ -42,6 +42,8 @@ GB = 10**9
 # (10^9 bytes): v5p 95 GB, v5e 16 GB; a v6e chip ("32 GB") shows 31.25 GiB to JAX.
 ACCELERATORS = {
     "tpu-v5p-8": (95 * GB, 459e12),
+    "tpu-v5p-16": (95 * GB, 459e12),
+    "tpu-v5p-32": (95 * GB, 459e12),
     "tpu-v6e-8": (31.25 * GiB, 918e12),
     "tpu-v5e-8": (16 * GB, 197e12),
     "gpu-h100x1": (80 * GiB, 989e12),

@@ -6,8 +6,9 @@ import os
 import signal
 
 from tests.api.conftest import TINY_RUN
-from tests.api.test_runs_lifecycle import demo_dataset, wait_run, worker_tree
-from tests.conftest import make_user, start_server, stop_server
+from tests.api.test_endpoints import model_server, wait_endpoint
+from tests.api.test_runs_lifecycle import demo_dataset, running_with, wait_run, worker_tree
+from tests.conftest import make_user, start_server, start_worker, stop_server, stop_worker
 
 
 def wait_artifact(server, client, artifact_id: str, timeout: float = 300) -> dict:
@@ -98,7 +99,7 @@ def test_a_killed_build_is_requeued_and_lands_in_the_artifact_store(tmp_path_fac
         (art,) = api.get("/api/v1/artifacts", params={"run_id": run["id"]}).json()["data"]
 
         def building():
-            return [p for p in worker_tree(server) if "worker.artifacts" in " ".join(p.cmdline())]
+            return running_with(server, "worker.artifacts")
 
         server.wait_for(building, timeout=120, interval=0.05, what="the build process")
         assert api.get(f"/api/v1/artifacts/{art['id']}").json()["status"] == "running"
@@ -120,7 +121,60 @@ def test_a_killed_build_is_requeued_and_lands_in_the_artifact_store(tmp_path_fac
         assert part.status_code == 206 and part.content == data[-64:]
         assert part.headers["content-range"] == f"bytes {len(data) - 64}-{len(data) - 1}/{len(data)}"
         assert api.get(url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+
+        # Host B (its own data dir; A's out of its sight) copies it from the store's URL, as from gs://.
+        host_b = server.data_dir.parent / f"{server.data_dir.name}-host-b"
+        stopped = serve_on_another_host(server, api, art, host_b, [server.data_dir / "artifacts"])
+        assert stopped["status"] == "stopped", stopped["error"]
         assert api.delete(f"/api/v1/artifacts/{art['id']}").status_code == 204
         assert not (store / art["id"]).exists()
     finally:
         stop_server(server)
+
+
+def serve_on_another_host(server, api, artifact: dict, host_dir, hidden: list) -> dict:
+    """Deploy ``artifact`` on a worker of its own pool, "host B" (its own data dir; ``hidden`` out of its
+    sight), and check that it serves from that host's copy, checked file by file. Returns the endpoint."""
+    r = api.post("/api/v1/pools", json={"name": "cpu-b", "accelerator": "cpu", "chips": 1, "price_per_chip_hour": 0})
+    assert r.status_code in (201, 409), r.text
+    worker = start_worker(server, host_dir, "cpu-b", hidden=hidden)
+    try:
+        server.wait_for(
+            lambda: api.get("/api/v1/pools/cpu-b").json()["workers_online"] >= 1, timeout=90, what="host B's worker"
+        )
+        r = api.post(
+            "/api/v1/endpoints",
+            json={"artifact_id": artifact["id"], "pool": "cpu-b", "max_model_len": 256, "max_num_seqs": 4},
+        )
+        assert r.status_code == 201, r.text
+        endpoint = wait_endpoint(server, api, r.json()["id"], ("ready", "failed"))
+        log = (host_dir / "worker.log").read_text(errors="replace")[-3000:]
+        assert endpoint["status"] == "ready", (endpoint["error"], log)
+
+        # Host B serves its own copy, every file as the manifest lists it.
+        copy = host_dir / "cache" / "artifacts" / artifact["id"]
+        command = model_server(endpoint).cmdline()
+        assert command[command.index("--model") + 1] == str(copy)
+        for f in artifact["files"]:
+            assert hashlib.sha256((copy / f["path"]).read_bytes()).hexdigest() == f["sha256"], f["path"]
+        r = api.post(
+            "/v1/chat/completions",
+            json={"model": endpoint["model"], "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None, r.text
+        api.post(f"/api/v1/endpoints/{endpoint['id']}/stop")
+        return wait_endpoint(server, api, endpoint["id"], ("stopped", "failed"))
+    finally:
+        stop_worker(worker, host_dir)
+
+
+def test_an_artifact_built_on_one_host_is_served_on_another(server, api, artifact, tmp_path):
+    """Built by host A's worker in A's data dir; deployed on host B, which cannot see A's data dir: B copies
+    it from the web app (a credential signed with the deployment's secret; without one, 403)."""
+    assert artifact["path"] == str(server.data_dir / "artifacts" / artifact["id"])
+    url = f"/internal/artifacts/{artifact['id']}/files/model.safetensors"
+    for headers in ({}, {"X-Tunedeck-Worker-Token": "forged"}):
+        r = server.anonymous().get(url, headers=headers)
+        assert r.status_code == 403 and "TUNEDECK_SECRET_KEY" in r.json()["detail"], r.text
+    stopped = serve_on_another_host(server, api, artifact, tmp_path / "host-b", [server.data_dir / "artifacts"])
+    assert stopped["status"] == "stopped", stopped["error"]

@@ -169,16 +169,22 @@ def worker_tree(server) -> list[psutil.Process]:
     return [proc for w in workers for proc in (w, *w.children(recursive=True))]
 
 
-def standbys(server) -> set[int]:
-    """The worker's training processes (`python -m worker.runs --standby`), waiting or training."""
-    found = set()
+def running_with(server, word: str) -> list[psutil.Process]:
+    """The worker's processes with ``word`` in their command line (not those that exited since they were
+    listed: a zombie, or gone)."""
+    found = []
     for proc in worker_tree(server):
         try:
-            if "--standby" in proc.cmdline():
-                found.add(proc.pid)
-        except psutil.NoSuchProcess:  # exited since it was listed
+            if word in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:  # ZombieProcess included
             pass
     return found
+
+
+def standbys(server) -> set[int]:
+    """The worker's training processes (`python -m worker.runs --standby`), waiting or training."""
+    return {proc.pid for proc in running_with(server, "--standby")}
 
 
 def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):

@@ -47,7 +47,7 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         kind=ArtifactKind.merged,
         checkpoint_step=500,
         name="ft:gemma4-31b:support:run-31b",
-        path="/srv/tunedeck/artifacts/art-31b",
+        path="gs://models-bucket/tunedeck/artifacts/art-31b",  # kept in a store: Docker cannot mount it
     )
     endpoint = Endpoint(
         id="ep-31b",
@@ -59,7 +59,10 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         settings={"max_model_len": 16384, "max_num_seqs": 64},
         api_key="key-of-ep-31b",
     )
-    spec = container_spec(endpoint, artifact, pool, host="10.0.0.7", port=8101)
+    # this host's copy of it (worker.model_cache.local_artifact) is what the container mounts
+    spec = container_spec(
+        endpoint, artifact, pool, model_dir="/srv/tunedeck/cache/artifacts/art-31b", host="10.0.0.7", port=8101
+    )
     cache = str(settings.data_dir / "cache" / "vllm")
     assert spec == {
         "image": "vllm/vllm-tpu:latest",
@@ -92,7 +95,7 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         "volumes": {
             cache: {"bind": "/cache", "mode": "rw"},
             "/dev/shm": {"bind": "/dev/shm", "mode": "rw"},
-            "/srv/tunedeck/artifacts/art-31b": {"bind": "/models/art-31b", "mode": "ro"},
+            "/srv/tunedeck/cache/artifacts/art-31b": {"bind": "/models/art-31b", "mode": "ro"},
         },
         "network_mode": "host",
         "shm_size": "16g",
@@ -124,7 +127,9 @@ def test_vllm_gpu_container_serves_an_adapter_on_its_base(settings):
         settings={"max_model_len": 2048, "max_num_seqs": 8},
         api_key="key-of-ep-lora",
     )
-    spec = container_spec(endpoint, artifact, pool, host="127.0.0.1", port=9000, base_dir="/data/models/gemma4")
+    spec = container_spec(
+        endpoint, artifact, pool, model_dir=artifact.path, host="127.0.0.1", port=9000, base_dir="/data/models/gemma4"
+    )
     assert spec["image"] == "vllm/vllm-openai:latest"
     assert spec["command"][:7] == [
         "/models/base",
