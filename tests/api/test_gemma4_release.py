@@ -64,7 +64,7 @@ def test_a_release_checkpoint_trains_merges_serves_and_stops_at_end_of_turn(serv
         )
         ended = out.index(turn_end)
         assert reply.choices[0].finish_reason == "stop"
-        assert reply.usage.completion_tokens == ended
+        assert reply.usage.completion_tokens == ended + 1  # the end of turn counts, as in vLLM
         assert reply.choices[0].message.content == tok.decode(out[:ended], skip_special_tokens=True)
     finally:
         api.post(f"/api/v1/endpoints/{endpoint['id']}/stop")

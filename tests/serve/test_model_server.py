@@ -194,7 +194,8 @@ def test_greedy_replies_in_a_batch_match_a_cache_free_decode(server, model_dir):
         expected = reference_greedy(model_dir, [tok.bos_id, *tok.encode(prompt)], 10)
         stop = next((i for i, t in enumerate(expected) if t in tok.stop_ids), len(expected))
         assert reply["choices"][0]["text"] == tok.decode(expected[:stop], skip_special_tokens=True), prompt
-        assert reply["usage"]["completion_tokens"] == stop
+        # vLLM counts the token that ended the reply (check_stop reads it from the output tokens)
+        assert reply["usage"]["completion_tokens"] == min(stop + 1, len(expected)), prompt
     assert metric(server, "vllm:time_to_first_token_seconds_count") == ttft_before + len(prompts)
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     assert metric(server, "vllm:generation_tokens_total") == tokens_before + generated
@@ -326,6 +327,11 @@ def test_seed_temperature_and_stop(server):
     # end-of-sequence or end-of-turn is about 2 in 1,100 tokens of the random model: one of these ends early
     seed, ended = next((s, r) for s in range(40) if (r := reply(s))["choices"][0]["finish_reason"] == "stop")
     assert ended["usage"]["completion_tokens"] < 128
+    # The end token counts as generated, as in vLLM (its check_stop reads it from the output tokens): a
+    # budget of exactly that many tokens still ends at "stop", and a reply that is only its end token
+    # reports 1 token, not 0.
+    exact = reply(seed, max_tokens=ended["usage"]["completion_tokens"])
+    assert (exact["choices"][0]["finish_reason"], exact["usage"]) == ("stop", ended["usage"])
     longer = reply(seed, ignore_eos=True)
     assert longer["usage"]["completion_tokens"] == 128 and longer["choices"][0]["finish_reason"] == "length"
     assert longer["choices"][0]["text"].startswith(ended["choices"][0]["text"])

@@ -70,7 +70,8 @@ def sample(logits, keys, counts, temperature, top_p):
 @dataclasses.dataclass
 class Request:
     """One generation. ``emit(token_id | None, finish_reason | None)`` is called on the engine thread
-    for each new token, then once with the finish reason ("stop" or "length")."""
+    for each new token, then once with the finish reason ("stop" or "length"); a reply that ends at an
+    end token gets that token with its "stop" (it is not part of the text)."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -371,7 +372,7 @@ class Engine:
             self._free(slot)
             return
         if token in self.stop_ids and not r.ignore_eos:
-            r.emit(None, "stop")
+            r.emit(token, "stop")  # generated, and counted (vLLM's check_stop reads it from the output)
             self._free(slot)
             return
         row.generated += 1

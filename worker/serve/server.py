@@ -217,6 +217,9 @@ class Generation:
             while self.finish_reason is None:
                 token, finish = await self.queue.get()
                 if finish is not None:
+                    if token is not None:  # the end token: counted, not shown
+                        self._timing()
+                        self.ids.append(token)
                     self.finish_reason = finish
                     end = len(full)  # the held-back tail goes out
                 else:
