@@ -215,7 +215,8 @@ def test_a_running_benchmark_is_cancelled_soon_and_its_endpoint_keeps_serving(se
     (sample, *_) = server.wait_for(lambda: samples_after(ended), timeout=30, what="a probe after the cancel")
     assert sample["running"] == 0 and sample["waiting"] == 0 and sample["status_code"] == 200, sample
     assert api.get(f"/api/v1/endpoints/{endpoint['id']}").json()["status"] == "ready"
-    r = api.post("/v1/completions", json={"model": endpoint["model"], "prompt": "Hello", "max_tokens": 3})
+    body = {"model": endpoint["model"], "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}  # 3, not fewer
+    r = api.post("/v1/completions", json=body)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
     done = bench["requests_done"]
     time.sleep(1.5)
