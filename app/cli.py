@@ -105,7 +105,7 @@ def worker(
     """Run a worker for one pool: consumes the pool's queue and the shared 'general' queue (and, on a host
     of a multi-host slice, that host's own queue)."""
     from app.core.db import session_scope
-    from app.core.queue import GENERAL_QUEUE
+    from app.core.queue import GENERAL_QUEUE, host_queue
     from app.pools.models import Pool
     from worker import slices
 
@@ -126,7 +126,7 @@ def worker(
     queues = [pool, GENERAL_QUEUE]
     if place is not None:
         os.environ["TUNEDECK_SLICE"], os.environ["TUNEDECK_HOST_INDEX"] = place[0], str(place[1])
-        queues.append(slices.host_queue(pool, *place))
+        queues.append(host_queue(pool, *place))
         typer.echo(f"pool {pool}: host {place[1]} of slice {place[0]}")
     get_settings.cache_clear()  # the worker's processes read its pool and place from the settings
     from worker.celery_app import celery

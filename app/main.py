@@ -113,6 +113,7 @@ def create_app() -> FastAPI:
     for module in ROUTERS:
         app.include_router(module.router)
     app.include_router(artifact_routes.worker_router)
+    app.include_router(dataset_routes.worker_router)
 
     add_docs(app)
 

@@ -231,7 +231,13 @@ def stop_server(server: Server, timeout: float = 30, keep_data: bool = False) ->
 
 
 def start_worker(
-    server: Server, data_dir: Path, pool: str, hidden: list[Path] = (), args: list[str] = (), name: str = "host-b"
+    server: Server,
+    data_dir: Path,
+    pool: str,
+    hidden: list[Path] = (),
+    args: list[str] = (),
+    name: str = "host-b",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """A worker on "another host" of ``server``'s deployment: its own data dir, the deployment's database,
     broker and secret, and none of ``hidden`` (each mounted over by an empty tmpfs in a mount namespace of
@@ -248,6 +254,7 @@ def start_worker(
         "TUNEDECK_WEB_URL": server.base_url,
         "TUNEDECK_SECRET_KEY": (server.data_dir / "secret_key").read_text().strip(),
         "TUNEDECK_TPU_METADATA_URL": "http://127.0.0.1:9",  # no Cloud TPU VM here: nothing listens, refused at once
+        **(env or {}),
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     for path in hidden:

@@ -20,8 +20,8 @@ import fsspec
 from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact, ArtifactKind
 from app.core.db import session_scope
+from app.runs import service as runs
 from app.runs.models import Run
-from app.runs.service import run_dir
 from worker.processes import die_with_parent, lean_jax_imports
 from worker.runs import HEARTBEAT_S, base_model_dir
 
@@ -85,7 +85,7 @@ def build(artifact_id: str) -> int:
         shutil.rmtree(out, ignore_errors=True)  # a whole artifact left by an attempt that died before recording it
         try:
             base, _ = base_model_dir(session, run)
-            checkpoint = run_dir(run.id) / "checkpoints" / str(artifact.checkpoint_step)
+            checkpoint = runs.output_dir(session, run) / "checkpoints" / str(artifact.checkpoint_step)
             lora = {"rank": cfg["lora_rank"], "alpha": cfg["lora_alpha"]}
             verification = None
             if artifact.kind == ArtifactKind.merged:

@@ -39,12 +39,11 @@ from app.artifacts import service as artifacts
 from app.artifacts.models import Artifact
 from app.benchmarks import service as benchmarks
 from app.core.db import session_scope
-from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.datasets.validation import iter_conversations
 from app.endpoints.models import Endpoint
 from worker.beat import Beat
-from worker.model_cache import local_artifact
+from worker.model_cache import local_artifact, local_dataset
 from worker.probe import auth
 
 PROGRESS_EVERY_S = 0.5
@@ -127,7 +126,7 @@ def _prompts(session: Session, endpoint: Endpoint, config: dict) -> list[dict]:
         if dataset is None:  # deleted while the benchmark waited for a worker
             raise ValueError(f"dataset {config['dataset_id']} no longer exists")
         chats = []
-        path = datasets.file_path(dataset)
+        path = local_dataset(dataset, log.info)
         for messages in iter_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format):
             turns = [m for m in messages if m["role"] in ("system", "user", "assistant")]
             while turns and turns[-1]["role"] == "assistant":

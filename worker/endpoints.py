@@ -10,7 +10,6 @@ process that launched it is recycled.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from app.runs.models import Run
 from worker import runtimes
 from worker.model_cache import local_artifact
 from worker.probe import Scraper, auth, probe
+from worker.processes import free_port
 from worker.runs import base_model_dir
 
 POLL_S = 0.5
@@ -52,12 +52,6 @@ def launch(endpoint_id: str, worker: str) -> None:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def supervise(endpoint_id: str, worker: str) -> None:

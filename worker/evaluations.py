@@ -34,7 +34,6 @@ from app.benchmarks.service import DEFAULT_MAX_MODEL_LEN
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.security import unseal
-from app.datasets import service as datasets
 from app.datasets.models import Dataset
 from app.datasets.validation import iter_numbered_conversations
 from app.endpoints import service as endpoints
@@ -48,9 +47,10 @@ from worker import artifacts as artifact_builds
 from worker import runtimes
 from worker.beat import Beat
 from worker.chat import ChatFormat, ChatTemplateError
-from worker.endpoints import free_port, log_path
-from worker.model_cache import local_artifact
+from worker.endpoints import log_path
+from worker.model_cache import local_artifact, local_dataset
 from worker.probe import auth
+from worker.processes import free_port
 from worker.runs import base_model_dir, model_dir
 
 READY_TIMEOUT_S = 3600.0  # a vLLM start of a large model compiles for many minutes
@@ -91,7 +91,7 @@ def eval_set(session: Session, evaluation: Evaluation) -> list[dict[str, Any]]:
         raise RuntimeError(f"dataset {evaluation.dataset_id} was deleted")
     held_out = _held_out(session, evaluation)
     rows: list[dict[str, Any]] = []
-    path = datasets.file_path(dataset)
+    path = local_dataset(dataset, log.info)
     numbered = iter_numbered_conversations(path, dataset.filename, file_type=dataset.file_type, fmt=dataset.format)
     for line, messages in numbered:
         if held_out is not None and line not in held_out:

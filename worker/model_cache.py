@@ -1,5 +1,5 @@
 """What a worker copies to its own host once: base models from remote sources (``gs://`` and other
-fsspec URLs), and artifacts built on another host.
+fsspec URLs), artifacts built on another host, and datasets uploaded to another host's web app.
 
 Tunix's safetensors loader reads local files, so a worker copies a registered remote checkpoint to
 ``<data dir>/models/cache/<name>-<hash of the URL>/`` before it trains. A worker that serves, evaluates
@@ -9,6 +9,8 @@ otherwise copies it into ``<data dir>/cache/artifacts/<id>/``, from the artifact
 else from the web app's download route (a worker credential signed with the shared secret), checking
 every file's size and sha256 against the artifact's manifest. That cache is bounded
 (``TUNEDECK_ARTIFACT_CACHE_GB``): the least recently used copies that no live endpoint serves go first.
+A dataset's file comes the same way (the web app's internal route, sha256 checked against its upload)
+into ``<data dir>/cache/datasets/<id>/``.
 
 One copy of a source at a time: a copy holds that source's lock (a file lock beside it, so it holds
 across the processes and hosts that share the data dir), writes into a temporary directory of its own
@@ -32,8 +34,10 @@ import httpx
 from filelock import FileLock
 
 from app.artifacts.models import Artifact
-from app.artifacts.service import WORKER_TOKEN_HEADER, worker_token
 from app.core.config import get_settings
+from app.core.security import WORKER_TOKEN_HEADER, worker_token
+from app.datasets import service as datasets
+from app.datasets.models import Dataset
 
 CHUNK = 1 << 20
 
@@ -88,6 +92,40 @@ def local_artifact(artifact: Artifact, keep: Callable[[], set[str]], log: Callab
     os.utime(dest)  # the last use: the least recently used copies are removed first
     trim(root, int(settings.artifact_cache_gb * 1e9), keep=keep() | {artifact.id}, log=log)
     return dest
+
+
+def local_dataset(dataset: Dataset, log: Callable[[str], None] = print) -> Path:
+    """A dataset's file on this host: where the web app stored it, when this host sees it there; else this
+    host's copy under ``<data dir>/cache/datasets/<id>/`` (fetched now if missing, sha256 checked)."""
+    stored = datasets.file_path(dataset)
+    if stored.is_file() and stored.stat().st_size == dataset.bytes:
+        return stored
+    dest = publish_once(
+        get_settings().data_dir / "cache" / "datasets" / dataset.id, lambda into: _fetch_dataset(dataset, into, log)
+    )
+    return dest / "data"
+
+
+def _fetch_dataset(dataset: Dataset, into: Path, log: Callable[[str], None]) -> None:
+    url = f"{get_settings().web_base_url}/internal/datasets/{dataset.id}/file"
+    log(f"copying dataset {dataset.id} ({dataset.filename}, {dataset.bytes / 1e6:.1f} MB) from {url}")
+    digest = hashlib.sha256()
+    target = into / "data"
+    with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client:
+        with client.stream("GET", url, headers={WORKER_TOKEN_HEADER: worker_token(dataset.id)}) as response:
+            if response.status_code != 200:
+                response.read()
+                raise ValueError(f"dataset {dataset.id}: {url} answered {response.status_code}: {response.text[:300]}")
+            with open(target, "wb") as out:
+                for chunk in response.iter_bytes(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+    size = target.stat().st_size
+    if size != dataset.bytes or digest.hexdigest() != dataset.sha256:
+        raise ValueError(
+            f"dataset {dataset.id}: its file arrived with {size} bytes and sha256 {digest.hexdigest()}; "
+            f"it was uploaded with {dataset.bytes} bytes, sha256 {dataset.sha256}"
+        )
 
 
 def _holds(directory: Path, files: list[dict]) -> bool:

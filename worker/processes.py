@@ -5,6 +5,7 @@ import ctypes
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -58,3 +59,10 @@ def exit_reason(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (for a server this host starts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

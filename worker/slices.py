@@ -79,8 +79,3 @@ def _address(entry: str) -> str:
     if len(parts) == 3:
         return parts[2]
     raise SliceError(f"worker-network-endpoints: {entry!r} is neither an address nor name:id:address")
-
-
-def host_queue(pool: str, slice_: str, host_index: int) -> str:
-    """The queue of one host of a slice: the part of a slice's job that runs there is sent to it."""
-    return f"{pool}.{slice_}.{host_index}"

@@ -5,6 +5,7 @@ from app.core.db import session_scope
 from app.datasets import service as datasets
 from worker import artifacts, benchmarks, endpoints, evaluations, runs
 from worker.celery_app import celery
+from worker.model_cache import local_dataset
 
 
 # A pool process that dies mid-validation (killed: out of memory) has its task sent again at once, as a
@@ -14,12 +15,17 @@ from worker.celery_app import celery
 @celery.task(name=queue.VALIDATE_DATASET, retry_on_worker_lost=True, default_retry_delay=0, max_retries=None)
 def validate_dataset(dataset_id: str) -> None:
     with session_scope() as session:
-        datasets.validate(session, dataset_id)
+        datasets.validate(session, dataset_id, local_dataset)  # its file, copied here if uploaded elsewhere
 
 
 @celery.task(name=queue.TRAIN_RUN, bind=True)
 def train_run(self, run_id: str) -> None:
     runs.execute(run_id, self.request.hostname)
+
+
+@celery.task(name=queue.TRAIN_ON_HOST, bind=True)
+def train_on_host(self, run_id: str, attempt: int, host_index: int) -> None:
+    runs.execute_on_host(run_id, attempt, host_index, self.request.hostname)
 
 
 @celery.task(name=queue.BUILD_ARTIFACT, bind=True)

@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from app.artifacts import service
 from app.artifacts.models import Artifact, ArtifactCreate, ArtifactPublic, ArtifactsPublic
-from app.core import errors
+from app.core import errors, security
 from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
 from app.core.schemas import Offset
@@ -95,9 +95,9 @@ def worker_download_file(
     name: str,
     request: Request,
     session: SessionDep,
-    token: Annotated[str, Header(alias=service.WORKER_TOKEN_HEADER, max_length=500)] = "",
+    token: Annotated[str, Header(alias=security.WORKER_TOKEN_HEADER, max_length=500)] = "",
 ) -> Response:
-    if not service.worker_token_allows(token, artifact_id):
+    if not security.worker_token_allows(token, artifact_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"no worker credential for artifact {artifact_id} (is TUNEDECK_SECRET_KEY the same on every host?)",

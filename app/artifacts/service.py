@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import fsspec
-from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
@@ -55,33 +54,10 @@ def store_url(artifact_id: str) -> str | None:
     return f"{store}/{artifact_id}" if store else None
 
 
-# A worker's credential for an artifact's files (the web app's download route, for a worker on another
-# host): the artifact id signed with the secret every process of a deployment shares (TUNEDECK_SECRET_KEY).
-_WORKER_SALT = "tunedeck.artifact-files"
-WORKER_TOKEN_SECONDS = 24 * 3600
-WORKER_TOKEN_HEADER = "X-Tunedeck-Worker-Token"
-
-
 def served(session: Session) -> set[str]:
     """The artifacts that live endpoints serve (a host's copies of them are kept)."""
     query = select(Endpoint.artifact_id).where(col(Endpoint.status).in_(ENDPOINT_ACTIVE))
     return set(session.exec(query).all())
-
-
-def worker_token(artifact_id: str) -> str:
-    """A credential for the files of one artifact, good for a day."""
-    return URLSafeTimedSerializer(get_settings().session_secret(), salt=_WORKER_SALT).dumps(artifact_id)
-
-
-def worker_token_allows(token: str, artifact_id: str) -> bool:
-    """Whether ``token`` is a worker credential for ``artifact_id`` that has not expired."""
-    try:
-        signed = URLSafeTimedSerializer(get_settings().session_secret(), salt=_WORKER_SALT).loads(
-            token, max_age=WORKER_TOKEN_SECONDS
-        )
-    except BadSignature:
-        return False
-    return signed == artifact_id
 
 
 def _fs(path: str):

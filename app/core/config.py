@@ -11,6 +11,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MIN_ADMIN_TOKEN = 32
 
 
+def _own_address() -> str:
+    """This host's address as its name resolves (on a Cloud TPU VM: its internal address)."""
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TUNEDECK_", extra="ignore")
 
@@ -28,6 +38,13 @@ class Settings(BaseSettings):
     pool: str = "cpu"
     slice: str | None = Field(default=None, description="a worker of a slice pool: its slice (tunedeck worker --slice)")
     host_index: int | None = Field(default=None, ge=0, description="its place in the slice (--host-index)")
+    host_address: str = Field(
+        default_factory=lambda: _own_address(),
+        description="the address the other hosts of this worker's slice reach it at (host 0 coordinates a run)",
+    )
+    slice_join_seconds: float = Field(
+        default=300.0, gt=0, description="how long a slice's hosts wait for each other when a run starts"
+    )
     tpu_metadata_url: str = Field(
         default="http://metadata.google.internal",
         description="a Cloud TPU VM's metadata server, where a slice pool's worker reads its slice and index",

@@ -35,6 +35,12 @@ BUILD_ARTIFACT = "tunedeck.artifacts.build"
 START_ENDPOINT = "tunedeck.endpoints.start"
 RUN_BENCHMARK = "tunedeck.benchmarks.run"
 RUN_EVALUATION = "tunedeck.evaluations.run"
+TRAIN_ON_HOST = "tunedeck.runs.train_on_host"  # one host's part of a run on a multi-host slice
+
+
+def host_queue(pool: str, slice_: str, host_index: int) -> str:
+    """The queue of one host of a slice: the part of a slice's job that runs there is sent to it."""
+    return f"{pool}.{slice_}.{host_index}"
 
 
 def make_celery() -> Celery:

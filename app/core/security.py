@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from app.core.config import get_settings
 
@@ -96,3 +97,27 @@ def unseal(sealed: str) -> str:
         return _fernet().decrypt(sealed.encode()).decode()
     except InvalidToken:
         raise ValueError("a stored secret cannot be read: TUNEDECK_SECRET_KEY changed since it was stored") from None
+
+
+# A worker's credential for the files of one row (an artifact's, a dataset's), fetched from the web app's
+# internal routes by a worker on another host: the row's id (prefixed by its kind) signed with the secret
+# every process of a deployment shares (TUNEDECK_SECRET_KEY).
+_WORKER_SALT = "tunedeck.worker-files"
+WORKER_TOKEN_SECONDS = 24 * 3600
+WORKER_TOKEN_HEADER = "X-Tunedeck-Worker-Token"
+
+
+def worker_token(row_id: str) -> str:
+    """A credential for the files of one artifact or dataset, good for a day."""
+    return URLSafeTimedSerializer(get_settings().session_secret(), salt=_WORKER_SALT).dumps(row_id)
+
+
+def worker_token_allows(token: str, row_id: str) -> bool:
+    """Whether ``token`` is a worker credential for ``row_id`` that has not expired."""
+    try:
+        signed = URLSafeTimedSerializer(get_settings().session_secret(), salt=_WORKER_SALT).loads(
+            token, max_age=WORKER_TOKEN_SECONDS
+        )
+    except BadSignature:
+        return False
+    return signed == row_id

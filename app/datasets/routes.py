@@ -3,10 +3,10 @@
 from typing import Annotated
 
 import anyio.to_thread
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse
 
-from app.core import errors, queue
+from app.core import errors, queue, security
 from app.core.config import get_settings
 from app.core.db import session_scope
 from app.core.deps import CurrentUser, SessionDep
@@ -18,6 +18,8 @@ from app.datasets import service
 from app.datasets.models import Dataset, DatasetPublic, DatasetsPublic, DatasetStatus, DatasetSummary
 
 router = APIRouter(route_class=Route, prefix="/api/v1/datasets", tags=["datasets"])
+# A worker on another host fetches a dataset's file here (worker/model_cache.local_dataset).
+worker_router = APIRouter(route_class=Route, prefix="/internal/datasets", include_in_schema=False)
 
 UPLOAD_BODY = {
     "requestBody": {
@@ -131,6 +133,21 @@ def dataset_content(dataset_id: str, session: SessionDep, user: CurrentUser) -> 
     dataset = service.get_dataset(session, user, dataset_id)
     if dataset is None:
         raise errors.not_found("dataset", dataset_id)
+    return FileResponse(service.file_path(dataset), filename=dataset.filename, media_type="application/octet-stream")
+
+
+@worker_router.get("/{dataset_id}/file")
+def worker_download_file(
+    dataset_id: str,
+    session: SessionDep,
+    token: Annotated[str, Header(alias=security.WORKER_TOKEN_HEADER, max_length=500)] = "",
+) -> FileResponse:
+    if not security.worker_token_allows(token, dataset_id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"no worker credential for dataset {dataset_id} (is TUNEDECK_SECRET_KEY the same on every host?)",
+        )
+    dataset = errors.found(session.get(Dataset, dataset_id), "dataset", dataset_id)
     return FileResponse(service.file_path(dataset), filename=dataset.filename, media_type="application/octet-stream")
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import ColumnElement, tuple_
@@ -187,8 +188,9 @@ def delete_dataset(session: Session, dataset: Dataset) -> None:
     shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def validate(session: Session, dataset_id: str) -> Dataset | None:
-    """Validate a stored dataset (the worker's job); records the report or the reason it failed.
+def validate(session: Session, dataset_id: str, locate: Callable[[Dataset], Path] = file_path) -> Dataset | None:
+    """Validate a stored dataset (the worker's job, ``locate`` giving its file on the worker's host);
+    records the report or the reason it failed.
 
     Each delivery of the task takes the dataset for one more attempt (``claim``); a dataset still
     `validating` when a delivery comes had its earlier attempts' processes die, and after
@@ -215,7 +217,7 @@ def validate(session: Session, dataset_id: str) -> Dataset | None:
 
     try:
         report = validate_file(
-            file_path(dataset),
+            locate(dataset),
             dataset.filename,
             file_type=dataset.requested_file_type,
             fmt=dataset.requested_format,

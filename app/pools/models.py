@@ -22,6 +22,12 @@ ACCELERATORS = (
 MAX_HOSTS_PER_SLICE = 256
 
 
+def _absolute_dir(path: str | None) -> str | None:
+    if path is not None and not path.startswith("/"):
+        raise ValueError("must be an absolute path, mounted at the same place on every host of the pool")
+    return path
+
+
 class PoolBase(Schema):
     accelerator: str = Field(max_length=32, description=f"one of {', '.join(ACCELERATORS)}")
     chips: int = Field(ge=1, le=4096, description="the chips a job gets: on a multi-host slice, all of its hosts'")
@@ -33,6 +39,16 @@ class PoolBase(Schema):
     )
     price_per_chip_hour: float = Field(ge=0, le=MAX_PRICE, description="USD per chip-hour")
     description: str = Field(default="", max_length=500)
+    shared_dir: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="a directory every host of a slice mounts at this same absolute path: its runs' checkpoints",
+    )
+
+    @field_validator("shared_dir")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        return _absolute_dir(path)
 
 
 class PoolCreate(PoolBase):
@@ -54,6 +70,12 @@ class PoolUpdate(Schema):
     chips: int | None = Field(default=None, ge=1, le=4096)
     price_per_chip_hour: float | None = Field(default=None, ge=0, le=MAX_PRICE)
     description: str | None = Field(default=None, max_length=500)
+    shared_dir: str | None = Field(default=None, max_length=1024)
+
+    @field_validator("shared_dir")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        return _absolute_dir(path)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -43,6 +43,7 @@ def create_pool(
     price_per_chip_hour: Annotated[str, Form()],
     description: Annotated[str, Form()] = "",
     hosts_per_slice: Annotated[str, Form()] = "1",
+    shared_dir: Annotated[str, Form()] = "",
 ):
     if not user.is_admin:
         return _page(request, session, user, error="Only admins can change pools.", status_code=403)
@@ -55,6 +56,7 @@ def create_pool(
                 "hosts_per_slice": hosts_per_slice,
                 "price_per_chip_hour": price_per_chip_hour,
                 "description": description,
+                "shared_dir": shared_dir.strip() or None,
             }
         )
         service.create_pool(session, data)

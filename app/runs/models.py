@@ -130,6 +130,9 @@ class Run(SQLModel, table=True):
     lost_attempts: int = 0  # attempts whose worker went silent (killed or lost): a run gives up after a few
     worker: str | None = Field(default=None, max_length=255)
     heartbeat_at: datetime | None = None
+    # On a multi-host slice pool: the slice whose hosts run it, and where they meet (host 0's address:port)
+    slice: str | None = Field(default=None, max_length=128)
+    coordinator: str | None = Field(default=None, max_length=255)
     stop_requested: str | None = Field(default=None, max_length=16, description="cancel | pause | handback")
     fine_tuned_model: str | None = Field(default=None, max_length=MODEL_ID_LENGTH)
     # The training file's records (by line) that training held out for validation (validation_fraction),
@@ -139,6 +142,21 @@ class Run(SQLModel, table=True):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+class RunProcess(SQLModel, table=True):
+    """One host's process of a run on a multi-host slice (process 0 is the slice's host 0): its worker,
+    its state and the step time it measures, so that a host that is slow or silent shows."""
+
+    __tablename__ = "run_processes"  # pyright: ignore[reportAssignmentType]
+    run_id: str = Field(foreign_key="runs.id", ondelete="CASCADE", primary_key=True, max_length=32)
+    host_index: int = Field(primary_key=True)
+    attempt: int
+    worker: str = Field(max_length=255)
+    state: str = Field(max_length=16, description="joining | training | stopped | failed")
+    step: int = 0
+    step_time_s: float | None = None
+    heartbeat_at: datetime = Field(default_factory=utcnow)
 
 
 class RunEvent(SQLModel, table=True):
@@ -189,6 +207,18 @@ class RunPublic(SQLModel):
     started_at: datetime | None
     finished_at: datetime | None
     cost_usd: float = 0.0
+    slice: str | None = None  # on a multi-host slice pool: the slice it runs on
+    processes: list["RunProcessPublic"] = []  # and its process on each host of it
+
+
+class RunProcessPublic(SQLModel):
+    host_index: int
+    attempt: int
+    worker: str
+    state: str
+    step: int
+    step_time_s: float | None
+    heartbeat_at: datetime
 
 
 class RunsPublic(SQLModel):

@@ -37,6 +37,7 @@ from app.runs.models import (
     RunCreate,
     RunEvent,
     RunMetric,
+    RunProcess,
     RunPublic,
     RunStatus,
 )
@@ -60,8 +61,17 @@ class StateError(Exception):
 
 
 def run_dir(run_id: str) -> Path:
-    """Where a run's workers write its checkpoints and its attempts' logs (the data dir is shared)."""
+    """Where a run's worker writes its attempts' logs, and its checkpoints unless it runs on a slice."""
     return get_settings().data_dir / "runs" / run_id
+
+
+def output_dir(session: Session, run: Run) -> Path:
+    """Where a run's checkpoints are written: its directory in the data dir, or for a run on a multi-host
+    slice, in its pool's shared directory (every host of the slice writes its part of each save there)."""
+    pool = session.get(Pool, run.pool)
+    if pool is not None and pool.hosts_per_slice > 1 and pool.shared_dir:
+        return Path(pool.shared_dir) / "runs" / run.id
+    return run_dir(run.id)
 
 
 def model_id(base_model: str, suffix: str | None, run_id: str) -> str:
@@ -136,6 +146,12 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
             "QLoRA is not available yet: Tunix's Gemma 4 einsum casts the weight before the einsum, "
             "which fails on Qwix's quantized weights; leave quantization empty",
         )
+    if pool.hosts_per_slice > 1 and not pool.shared_dir:
+        raise RunInvalid(
+            ("pool",),
+            f"pool {pool.name} runs on slices of {pool.hosts_per_slice} hosts but has no shared_dir: its hosts "
+            "save each checkpoint together into one directory (an admin sets it on the Pools page)",
+        )
     fsdp, tp = resolve_mesh(cfg, pool)
     arch = base.arch
     sharded = {
@@ -181,7 +197,8 @@ def cost_usd(session: Session, run: Run) -> float:
 
 
 def to_public(session: Session, run: Run) -> RunPublic:
-    return RunPublic.model_validate(run, update={"cost_usd": round(cost_usd(session, run), 6)})
+    processes = processes_of(session, run) if run.slice else []
+    return RunPublic.model_validate(run, update={"cost_usd": round(cost_usd(session, run), 6), "processes": processes})
 
 
 def check_fits(session: Session, data: RunCreate, pool: Pool) -> Estimate:
@@ -367,9 +384,12 @@ def delete(session: Session, run: Run) -> None:
         raise StateError(f"run {run.id} has artifacts {', '.join(made)}: delete them first")
     for table in (RunEvent, RunMetric, RunCheckpoint):
         session.execute(sa.delete(table).where(col(table.run_id) == run.id))
+    checkpoints = output_dir(session, run)
+    session.execute(sa.delete(RunProcess).where(col(RunProcess.run_id) == run.id))
     session.delete(run)
     session.commit()
     shutil.rmtree(run_dir(run.id), ignore_errors=True)
+    shutil.rmtree(checkpoints, ignore_errors=True)
 
 
 # --- worker side --------------------------------------------------------------------------------
@@ -427,18 +447,21 @@ def requeue_stale(session: Session, pool: str) -> list[str]:
         )
     ).all()
     for run in stale:
-        event(
-            session,
-            run,
-            f"no heartbeat from {run.worker or 'any worker'} for {get_settings().stale_after.seconds}s: re-queued",
-            "warn",
-        )
-        run.lost_attempts += run.status == RunStatus.running
-        run.worker, run.heartbeat_at = None, utcnow()  # ownerless; re-queued again only after another silence
-        session.add(run)
-        session.commit()
-        queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
+        silent = f"no heartbeat from {run.worker or 'any worker'} for {get_settings().stale_after.seconds}s"
+        requeue_lost(session, run, silent)
     return [r.id for r in stale]
+
+
+def requeue_lost(session: Session, run: Run, why: str) -> None:
+    """Its worker (or on a slice, one of its hosts) was lost: queue the run again, to resume from its last
+    checkpoint, counting a lost attempt if it was running."""
+    event(session, run, f"{why}: re-queued", "warn")
+    run.lost_attempts += run.status == RunStatus.running
+    # ownerless, so re-queued again only after another silence; a slice's hosts see the coordinator gone
+    run.worker, run.heartbeat_at, run.coordinator = None, utcnow(), None
+    session.add(run)
+    session.commit()
+    queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool)
 
 
 def hand_back(session: Session, worker: str) -> list[str]:
@@ -589,3 +612,88 @@ def _finish(session: Session, run: Run, status: RunStatus, error: str | None) ->
     session.add(run)
     event(session, run, f"{status.value}" + (f": {error}" if error else ""), "error" if error else "info")
     session.commit()
+
+
+# --- a run on a multi-host slice ----------------------------------------------------------------
+#
+# A worker of a slice pool that takes a run (``start``) hands it to its slice: one task on each host's
+# queue (``gang_start``). Each host's task ``join``s with a process row it beats; host 0 records where the
+# processes meet (``set_coordinator``) and beats the run as a single host does; every host stops its
+# process once the run is no longer this attempt with this coordinator (``on_slice``): finished, failed,
+# or re-queued because a host fell silent (``silent_hosts``, then ``requeue_lost``).
+
+
+def gang_start(session: Session, run: Run, slice_: str, hosts: int) -> None:
+    run.slice, run.coordinator = slice_, None
+    session.execute(sa.delete(RunProcess).where(col(RunProcess.run_id) == run.id))
+    event(session, run, f"on slice {slice_}: starting its process on each of its {hosts} hosts")
+    session.add(run)
+    session.commit()
+    for index in range(hosts):
+        to = queue.host_queue(run.pool, slice_, index)
+        queue.send_task(queue.TRAIN_ON_HOST, run.id, run.attempts, index, queue=to)
+
+
+def join(session: Session, run_id: str, attempt: int, host_index: int, worker: str) -> Run | None:
+    """One host of the slice takes its part of ``attempt``; None when that attempt is over."""
+    run = session.get(Run, run_id)
+    if run is None or not is_current(session, run, attempt) or run.slice is None:
+        return None
+    row = session.get(RunProcess, (run_id, host_index))
+    if row is not None and row.attempt == attempt:
+        return None  # a second delivery of the same host's task
+    row = row or RunProcess(run_id=run_id, host_index=host_index, attempt=attempt, worker=worker, state="joining")
+    row.attempt, row.worker, row.state, row.step, row.step_time_s = attempt, worker, "joining", 0, None
+    row.heartbeat_at = utcnow()
+    session.add(row)
+    if host_index == 0:
+        run.worker = worker  # the run's heartbeat, its stop requests and its hand-back are host 0's
+        session.add(run)
+    event(session, run, f"host {host_index} of slice {run.slice} ({worker}) is joining")
+    session.commit()
+    return run
+
+
+def set_coordinator(session: Session, run: Run, address: str) -> None:
+    run.coordinator = address
+    session.add(run)
+    event(session, run, f"the slice's processes meet at {address} (host 0)")
+    session.commit()
+
+
+def process_beat(
+    session: Session,
+    run_id: str,
+    host_index: int,
+    *,
+    state: str | None = None,
+    step: int | None = None,
+    step_time_s: float | None = None,
+) -> None:
+    row = session.get(RunProcess, (run_id, host_index))
+    if row is None:
+        return
+    row.heartbeat_at = utcnow()
+    row.state = state or row.state
+    if step is not None:
+        row.step, row.step_time_s = step, step_time_s
+    session.add(row)
+    session.commit()
+
+
+def on_slice(session: Session, run: Run, attempt: int, coordinator: str | None) -> bool:
+    """Whether this host's process still belongs to the run: the same attempt, meeting at the same place."""
+    return is_current(session, run, attempt) and run.coordinator == coordinator
+
+
+def silent_hosts(session: Session, run: Run, attempt: int) -> list[int]:
+    """The hosts whose process of ``attempt`` stopped beating for longer than the stale bound (one that never
+    joins is JAX's to report: the processes' start times out)."""
+    cutoff = utcnow() - get_settings().stale_after
+    rows = processes_of(session, run)
+    return [p.host_index for p in rows if p.attempt == attempt and p.heartbeat_at < cutoff]
+
+
+def processes_of(session: Session, run: Run) -> list[RunProcess]:
+    query = select(RunProcess).where(RunProcess.run_id == run.id).order_by(col(RunProcess.host_index))
+    return list(session.exec(query).all())

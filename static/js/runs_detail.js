@@ -124,11 +124,33 @@
       item("Created", fmtDate(run.created_at) + " UTC"),
     ].filter(Boolean));
 
+    renderSlice();
     const failed = run.status === "failed";
     $("run-error").hidden = !failed;
     $("run-error-text").textContent = failed ? run.error || "No error message was recorded." : "";
     $("run-model").hidden = !run.fine_tuned_model;
     $("fine-tuned-model").textContent = run.fine_tuned_model || "";
+  }
+
+  /** A run on a multi-host slice: each host's process, its step time beside the others' (a straggler,
+   * over 1.25x the fastest, is marked: every step waits for it). */
+  function renderSlice() {
+    $("run-slice").hidden = !run.slice;
+    if (!run.slice) return;
+    $("run-slice-name").textContent = run.slice;
+    const times = run.processes.map((p) => p.step_time_s).filter((t) => t != null);
+    const fastest = times.length ? Math.min(...times) : null;
+    $("run-processes").tBodies[0].replaceChildren(...run.processes.map((p) => {
+      const slow = fastest != null && p.step_time_s != null && p.step_time_s > 1.25 * fastest;
+      return el("tr", { className: slow ? "straggler" : null, dataset: { host: String(p.host_index) } },
+        el("td", {}, String(p.host_index) + (p.host_index === 0 ? " (coordinator)" : "")),
+        el("td", {}, el("code", {}, p.worker)),
+        el("td", {}, p.attempt === run.attempts ? p.state : "attempt " + p.attempt + ": " + p.state),
+        el("td", { className: "num" }, String(p.step)),
+        el("td", { className: "num" }, p.step_time_s == null ? "—"
+          : fmtNum(p.step_time_s * 1000, 0) + " ms" + (slow ? " (straggler)" : "")),
+        el("td", { dataset: { ago: p.heartbeat_at } }, window.TD.fmtAgo(p.heartbeat_at)));
+    }));
   }
 
   function duration() {

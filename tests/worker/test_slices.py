@@ -7,8 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from app.core.queue import host_queue
 from app.pools.models import Pool
-from worker.slices import SliceError, host_queue, identify
+from worker.slices import SliceError, identify
 
 SLICE_POOL = Pool(name="tpu-v5p-16", accelerator="tpu-v5p-16", chips=8, hosts_per_slice=2, price_per_chip_hour=4.2)
 ONE_HOST = Pool(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.2)

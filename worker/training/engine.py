@@ -171,6 +171,10 @@ def validate_spec(spec: TrainSpec) -> None:
     need(spec.checkpoints_kept >= 1, "checkpoints_kept must be >= 1")
     need(spec.mesh_fsdp >= 1 and spec.mesh_tp >= 1, "mesh_fsdp and mesh_tp must be >= 1")
     need(0 <= spec.validation_fraction < 1, "validation_fraction must be in [0, 1)")
+    need(
+        jax.process_count() == 1 or spec.batch_size % spec.mesh_fsdp == 0,
+        f"on a slice the micro-batch ({spec.batch_size} rows) must divide over mesh_fsdp={spec.mesh_fsdp}",
+    )
     models.lora_module_path(spec.target_modules)  # raises on unknown names
     if spec.quantization is not None:
         raise NotImplementedError(
@@ -187,6 +191,11 @@ def make_mesh(fsdp: int, tp: int) -> jax.sharding.Mesh:
     devices = jax.devices()
     if n > len(devices):
         raise ValueError(f"mesh fsdp={fsdp} x tp={tp} needs {n} devices; this host has {len(devices)}")
+    if jax.process_count() > 1 and n != len(devices):
+        raise ValueError(
+            f"mesh fsdp={fsdp} x tp={tp} is {n} devices; a slice's run uses all of its "
+            f"{len(devices)} ({jax.process_count()} hosts x {jax.local_device_count()})"
+        )
     return mesh_lib.create_mesh((fsdp, tp), ("fsdp", "tp"), devices=devices[:n])
 
 
@@ -329,11 +338,13 @@ class _Trainer(peft_trainer.PeftTrainer):
 
     step_outputs: list
     loss_chunk_tokens: int | None = None
+    global_rows: int | None = None  # the rows of a micro-batch as the step sees it: all processes' together
 
     def create_train_step_fn(self):
         base = super().create_train_step_fn()
 
         def train_step(model, optimizer, inputs):
+            self.global_rows = jax.tree.leaves(inputs)[0].shape[0]  # when traced: the global array's shape
             loss, _, grad_norm = base(model, optimizer, inputs)
             return loss, {"loss": loss, "grad_norm": grad_norm}, grad_norm
 
@@ -441,6 +452,27 @@ class _EvalSet:
         return iter(self.batches)
 
 
+def local_rows(batch):
+    """This process's rows of a global batch. On a slice every process builds the same global batch (the
+    order is a pure function of the seed) and feeds only its own block of rows: Tunix assembles the global
+    array with ``jax.make_array_from_process_local_data``, process by process in device order."""
+    count = jax.process_count()
+    if count == 1:
+        return batch
+    return jax.tree.map(lambda x: np.split(x, count)[jax.process_index()], batch)
+
+
+def stop_everywhere(reporter: Reporter) -> bool:
+    """Whether to stop before the next step: process 0 asks its reporter and every process gets its answer
+    (a collective, so that all the processes of a slice stop at the same step)."""
+    stop = reporter.should_stop() if jax.process_index() == 0 else False
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        stop = bool(multihost_utils.broadcast_one_to_all(np.asarray(stop)))
+    return stop
+
+
 class _Run:
     """State shared by the training iterator and the hooks."""
 
@@ -482,7 +514,7 @@ class _Run:
         """Exactly total_steps * grad_accum micro-batches; the first ``start_micro`` (already trained,
         dropped by Tunix) are placeholders. Stops early when the reporter says so."""
         accum = self.spec.grad_accum_steps
-        placeholder = train.make_batch([])
+        placeholder = local_rows(train.make_batch([]))
         n = self.total_steps * accum
         micro = 0
         epoch = 0
@@ -496,7 +528,7 @@ class _Run:
                     yield placeholder
                     continue
                 if micro % accum == 0:
-                    if self.reporter.should_stop():
+                    if stop_everywhere(self.reporter):
                         self.stopped_early = True
                         self.reporter.log(f"stop requested: stopping after step {micro // accum}")
                         return
@@ -504,9 +536,9 @@ class _Run:
                     if self.step_started is None:
                         self.step_started = time.perf_counter()
                 batch = train.make_batch(rows[b : b + train.batch_size])
-                self.step_tokens += data.count_tokens(batch, self.pad_id)[0]
+                self.step_tokens += data.count_tokens(batch, self.pad_id)[0]  # the global batch's
                 micro += 1
-                yield batch
+                yield local_rows(batch)
             epoch += 1
 
     def step_ended(self, step: int, *, flush: bool = False) -> None:
@@ -640,9 +672,8 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
     train_batches = data.Batches(train_ds, spec.batch_size, spec.max_seq_len, spec.packing, tok.pad_id, spec.seed)
     eval_batches = []
     if len(val_ds):
-        eval_batches = list(
-            data.Batches(val_ds, spec.batch_size, spec.max_seq_len, spec.packing, tok.pad_id, shuffle=False).epoch(0)
-        )
+        val_batches = data.Batches(val_ds, spec.batch_size, spec.max_seq_len, spec.packing, tok.pad_id, shuffle=False)
+        eval_batches = [local_rows(b) for b in val_batches.epoch(0)]
     total_steps = _total_steps(spec, train_batches)
     reporter.log(
         f"data: {len(train_ds)} train / {len(val_ds)} validation examples, "
@@ -651,6 +682,12 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
     )
 
     mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp)
+    if jax.process_count() > 1:
+        reporter.log(
+            f"slice: jax.process_count() == {jax.process_count()} (this is process {jax.process_index()}), "
+            f"{jax.device_count()} devices ({jax.local_device_count()} per host); each process feeds "
+            f"{spec.batch_size // jax.process_count()} of the {spec.batch_size} rows of every micro-batch"
+        )
     run = _Run(spec, reporter, total_steps, tok.pad_id)
     # `with mesh:`, deprecated in JAX, not jax.set_mesh: Tunix's trainer reads the mesh from
     # pxla.thread_resources, which only the former sets (checked on JAX 0.10).
@@ -700,6 +737,7 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
         "train_time_s": run.train_time,
         "wall_time_s": time.perf_counter() - t_start,
         "trainable_params": n_lora,
+        "global_batch_rows": trainer.global_rows,
         "train_examples": len(train_ds),
         "validation_examples": len(val_ds),
         "compilation_cache_dir": cache_dir,

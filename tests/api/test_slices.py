@@ -1,0 +1,167 @@
+"""A run on a pool of multi-host slices: two real workers, each a "host" with its own data dir (the web
+app's files out of its sight), joined into one JAX program of 2 processes x 2 CPU devices."""
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.api.test_runs_lifecycle import demo_dataset, steps_of, wait_run
+from tests.conftest import start_worker, stop_worker
+
+SLICE_CONFIG = {
+    "max_steps": 6,
+    "batch_size": 8,
+    "max_seq_len": 64,
+    "checkpoint_every_steps": 3,
+    "eval_every_steps": 3,
+    "learning_rate": 0.005,
+    "lr_schedule": "constant",
+}
+SLICE_POOL = {"accelerator": "cpu", "chips": 4, "hosts_per_slice": 2, "price_per_chip_hour": 0}
+STALE_S = 6  # the hosts' stale bound: a silent host's run is re-queued after this long
+HOST_ENV = {
+    # 2 CPU devices each, so that the slice's mesh spans both hosts' devices
+    "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=2",
+    "TUNEDECK_STALE_SECONDS": str(STALE_S),
+}
+
+
+class Slice:
+    """Slice s1 of pool cpu-slice: a worker per host, each with a data dir of its own that holds none of the
+    web app's files, sharing only the pool's shared directory."""
+
+    def __init__(self, server, root: Path) -> None:
+        self.server, self.shared = server, root / "shared"
+        self.hosts = [root / "host-0", root / "host-1"]
+        self.shared.mkdir()
+        self.workers = [self.start(i) for i in range(2)]
+
+    def start(self, index: int):
+        return start_worker(
+            self.server,
+            self.hosts[index],
+            "cpu-slice",
+            hidden=[self.server.data_dir / "storage", self.server.data_dir / "runs"],
+            args=["--slice", "s1", "--host-index", str(index)],
+            name=f"host-{index}",
+            env=HOST_ENV,
+        )
+
+    def wait_complete(self, api) -> None:
+        def complete():
+            slices = api.get("/api/v1/pools/cpu-slice").json()["slices"]
+            return slices and slices[0]["complete"]
+
+        self.server.wait_for(complete, timeout=90, what="both hosts of slice s1")
+
+    def kill(self, index: int) -> None:
+        """SIGKILL host ``index``'s worker and everything it started, as a host that dies."""
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("TUNEDECK_DATA_DIR") == str(self.hosts[index]):
+                    proc.kill()
+        self.workers[index].wait()
+
+    def logs(self) -> str:
+        return "\n".join((h / "worker.log").read_text(errors="replace")[-2000:] for h in self.hosts)
+
+    def stop(self) -> None:
+        for worker, host in zip(self.workers, self.hosts, strict=True):
+            stop_worker(worker, host)
+
+
+@pytest.fixture(scope="module")
+def slice_s1(server, api, tmp_path_factory):
+    root = tmp_path_factory.mktemp("slice")
+    r = api.post("/api/v1/pools", json={"name": "cpu-slice", **SLICE_POOL, "shared_dir": str(root / "shared")})
+    assert r.status_code == 201, r.text
+    slice_ = Slice(server, root)
+    slice_.wait_complete(api)
+    yield slice_
+    slice_.stop()
+
+
+def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1):
+    dataset = demo_dataset(server, api)
+
+    # A slice pool without a directory its hosts share cannot take runs: refused, naming the pool.
+    r = api.post("/api/v1/pools", json={"name": "cpu-slice-bare", **SLICE_POOL})
+    assert r.status_code == 201, r.text
+    body = {"base_model": "tiny-gemma4", "dataset_id": dataset, "pool": "cpu-slice-bare", "config": SLICE_CONFIG}
+    r = api.post("/api/v1/runs", json=body)
+    assert r.status_code == 422 and "shared_dir" in r.text and r.json()["detail"][0]["loc"][-1] == "pool", r.text
+    r = api.post("/api/v1/pools", json={"name": "cpu-slice-rel", **SLICE_POOL, "shared_dir": "shared"})
+    assert r.status_code == 422 and "absolute path" in r.text, r.text
+
+    r = api.post("/api/v1/runs", json={**body, "pool": "cpu-slice"})
+    assert r.status_code == 201, r.text
+    run = wait_run(server, api, r.json()["id"], timeout=400)
+    assert run["status"] == "succeeded", (run["error"], slice_s1.logs())
+
+    # One JAX program over both hosts, recorded by process 0; each fed half of every batch.
+    events = api.get(f"/api/v1/runs/{run['id']}/events", params={"limit": 500}).json()["data"]
+    messages = [e["message"] for e in events]
+    (joined,) = [m for m in messages if "jax.process_count() == 2" in m]
+    assert "each process feeds 4 of the 8 rows" in joined, joined
+    assert any("host 1 of slice s1 (cpu-slice@host-1) is joining" in m for m in messages), messages
+    assert steps_of(api, run["id"]) == [1, 2, 3, 4, 5, 6]
+
+    # Its checkpoints were saved once, into the shared directory, by both processes together.
+    ckpts = server.sql("SELECT step, path FROM run_checkpoints WHERE run_id = :r ORDER BY step", r=run["id"])
+    run_shared = slice_s1.shared / "runs" / run["id"] / "checkpoints"
+    assert [tuple(c) for c in ckpts] == [(s, str(run_shared / str(s))) for s in (3, 6)]
+    assert sorted(p.name for p in run_shared.iterdir() if p.name.isdigit()) == ["3", "6"]
+    for host in slice_s1.hosts:
+        assert not list(Path(host).rglob("model_params")), f"{host} holds checkpoint files of its own"
+        # the dataset reached each host through the web app (its storage is out of their sight)
+        assert (host / "cache" / "datasets" / dataset / "data").is_file()
+
+    # The run shows its slice and each host's process with its own step time.
+    assert run["slice"] == "s1"
+    processes = run["processes"]
+    assert [(p["host_index"], p["worker"], p["step"]) for p in processes] == [
+        (0, "cpu-slice@host-0", 6),
+        (1, "cpu-slice@host-1", 6),
+    ], processes
+    assert all(p["step_time_s"] > 0 and p["attempt"] == run["attempts"] for p in processes), processes
+
+
+def test_a_host_killed_mid_run_stops_the_slice_and_the_run_resumes_from_its_checkpoint(server, api, slice_s1):
+    dataset = demo_dataset(server, api)
+    config = {**SLICE_CONFIG, "max_steps": 30, "checkpoint_every_steps": 10, "eval_every_steps": 10}
+    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "pool": "cpu-slice", "config": config})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+
+    def past_a_checkpoint():
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        return run["step"] >= 13 and api.get(f"/api/v1/runs/{run_id}/checkpoints").json()["data"]
+
+    server.wait_for(past_a_checkpoint, timeout=300, interval=0.2, what="training past the first checkpoint")
+    slice_s1.kill(1)
+    killed = time.monotonic()
+
+    # Host 0 sees host 1 fall silent within the stale bound (and a beat or two), and stops its own
+    # process with the run, which goes back on the queue.
+    def requeued():
+        events = api.get(f"/api/v1/runs/{run_id}/events", params={"limit": 500}).json()["data"]
+        return [e for e in events if "host 1 of slice s1 stopped answering: re-queued" in e["message"]]
+
+    server.wait_for(requeued, timeout=STALE_S + 20, what="host 0 to give up on host 1")
+    assert time.monotonic() - killed < STALE_S + 8
+    slice_s1.workers[1] = slice_s1.start(1)  # the host comes back
+
+    run = wait_run(server, api, run_id, timeout=400)
+    assert run["status"] == "succeeded", (run["error"], slice_s1.logs())
+    assert (run["attempts"], run["slice"]) == (2, "s1")
+    assert steps_of(api, run_id) == list(range(1, 31)), "each step once: none twice, none skipped"
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events", params={"limit": 500}).json()["data"]]
+    assert any(m.startswith("resumed from step 10") for m in messages), messages
+    assert [p["attempt"] for p in run["processes"]] == [2, 2]
+    assert server.sql("SELECT lost_attempts FROM runs WHERE id = :r", r=run_id)[0][0] == 1, (
+        "one lost attempt, for the slice as a whole"
+    )
