@@ -394,11 +394,15 @@ def train_process(run_id: str, attempt: int, process: Process | None = None) -> 
         except Exception as exc:
             log.exception("training failed")
             reporter.flush()
+            if process is not None:
+                runs.process_beat(session, run.id, process.index, state="failed")
             if runs.is_current(session, run, attempt):
                 where = "" if process is None else f"host {process.index} of slice {run.slice}: "
                 runs.fail(session, run, f"{where}{type(exc).__name__}: {exc}"[:2000])
             return 1
         reporter.flush()
+        if process is not None:
+            runs.process_beat(session, run.id, process.index, state="stopped" if result.stopped_early else "done")
         if not lead or reporter.stop_reason == "superseded" or not runs.is_current(session, run, attempt):
             return 0
         runs.finish(session, run, stopped_by=reporter.stop_reason if result.stopped_early else None)

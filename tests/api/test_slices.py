@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.api.test_runs_lifecycle import demo_dataset, steps_of, wait_run
-from tests.conftest import start_worker, stop_worker
+from tests.conftest import ARTIFACTS, start_worker, stop_worker
 
 SLICE_CONFIG = {
     "max_steps": 6,
@@ -85,7 +85,7 @@ def slice_s1(server, api, tmp_path_factory):
     slice_.stop()
 
 
-def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1):
+def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, page):
     dataset = demo_dataset(server, api)
 
     # A slice pool without a directory its hosts share cannot take runs: refused, naming the pool.
@@ -120,14 +120,33 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1):
         # the dataset reached each host through the web app (its storage is out of their sight)
         assert (host / "cache" / "datasets" / dataset / "data").is_file()
 
-    # The run shows its slice and each host's process with its own step time.
+    # The run shows its slice and each host's process with its own step time (host 1's last word may
+    # come a moment after host 0 has recorded the run's end).
     assert run["slice"] == "s1"
+    run = server.wait_for(
+        lambda: (r := api.get(f"/api/v1/runs/{run['id']}").json())["processes"][1]["state"] != "training" and r,
+        timeout=10,
+        what="host 1's process to end",
+    )
     processes = run["processes"]
-    assert [(p["host_index"], p["worker"], p["step"]) for p in processes] == [
-        (0, "cpu-slice@host-0", 6),
-        (1, "cpu-slice@host-1", 6),
+    assert [(p["host_index"], p["worker"], p["state"], p["step"]) for p in processes] == [
+        (0, "cpu-slice@host-0", "done", 6),
+        (1, "cpu-slice@host-1", "done", 6),
     ], processes
     assert all(p["step_time_s"] > 0 and p["attempt"] == run["attempts"] for p in processes), processes
+
+    # Its page shows the slice: a row per host, with the host's worker, step and step time.
+    page.goto(f"/runs/{run['id']}")
+    card = page.locator("#run-slice")
+    card.wait_for(state="visible")
+    assert card.locator("h2").inner_text() == "Slice s1"
+    rows = card.locator("tbody tr")
+    assert rows.count() == 2
+    for i, p in enumerate(processes):
+        cells = rows.nth(i).locator("td").all_inner_texts()
+        assert cells[:4] == [f"{i}{' (coordinator)' if i == 0 else ''}", p["worker"], "done", "6"], cells
+        assert cells[4].startswith(f"{round(p['step_time_s'] * 1000):,}") and cells[4].split()[1] == "ms", cells
+    card.screenshot(path=str(ARTIFACTS / "run-slice.png"))
 
 
 def test_a_host_killed_mid_run_stops_the_slice_and_the_run_resumes_from_its_checkpoint(server, api, slice_s1):
