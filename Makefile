@@ -58,8 +58,8 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # and the fine-tuning jobs test (pause and resume: the same sends and conditional updates as the run
 # tests there), the run from a registered URL (its copy is files; its run trains as any other), and
 # the CLI's user and token commands (plain inserts through the server's own engine code; `db upgrade`
-# does run there), and the slice test that kills a host (its re-queue is `requeue_lost`, which the run
-# SIGKILL test runs there; the slice's rows and sends run there in the two-host training test).
+# does run there), and the slice runs (two more workers each: their rows are plain inserts and updates,
+# and the re-queue of a lost host is `requeue_lost`, which the run SIGKILL test runs there).
 SERVER_TESTS := tests/api tests/test_cli.py
 NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requeued_and_lands_in_the_artifact_store \
 	--deselect tests/api/test_gemma4_release.py --deselect tests/api/test_broker.py \
@@ -74,7 +74,7 @@ NOT_ON_PG := --deselect tests/api/test_artifacts.py::test_a_killed_build_is_requ
 	--deselect tests/api/test_base_models.py::test_a_run_trains_from_a_registered_url_copied_once_to_the_host \
 	--deselect tests/test_cli.py::test_user_create --deselect tests/test_cli.py::test_token_create_prints_a_working_token \
 	--deselect tests/test_cli.py::test_token_create_for_unknown_user_fails \
-	--deselect tests/api/test_slices.py::test_a_host_killed_mid_run_stops_the_slice_and_the_run_resumes_from_its_checkpoint
+	--deselect tests/api/test_slice_runs.py
 
 test-pg: $(VENV)/.installed-dev browser  ## the server tests on PostgreSQL + Redis
 	TUNEDECK_TEST_DATABASE_URL=$(PG_TEST_URL) TUNEDECK_TEST_BROKER_URL=$(REDIS_TEST_URL) \

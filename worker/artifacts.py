@@ -22,6 +22,7 @@ from app.artifacts.models import Artifact, ArtifactKind
 from app.core.db import session_scope
 from app.runs import service as runs
 from app.runs.models import Run
+from worker import leases
 from worker.processes import die_with_parent, lean_jax_imports
 from worker.runs import HEARTBEAT_S, base_model_dir
 
@@ -32,7 +33,28 @@ PROGRESS_EVERY_S = 0.5
 
 def execute(artifact_id: str, worker: str) -> None:
     """The Celery task's body: take the artifact and build it in a child process, beating while it
-    runs (a build whose beats stop is re-queued by the pool's workers: ``artifacts.requeue_stale``)."""
+    runs (a build whose beats stop is re-queued by the pool's workers: ``artifacts.requeue_stale``). A
+    merge's verification runs the model on this host's chips: it holds their lease (an adapter's export
+    needs none)."""
+    with session_scope() as session:
+        row = session.get(Artifact, artifact_id)
+        verified = row is not None and row.kind == ArtifactKind.merged
+    lease = None
+    if verified:
+        try:
+            lease = leases.take(f"the merge of artifact {artifact_id} (its verification)")
+        except leases.Busy as busy:
+            with session_scope() as session:
+                artifacts.wait_for_chips(session, artifact_id, str(busy), leases.RETRY_S)
+            return
+    try:
+        _build(artifact_id, worker)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _build(artifact_id: str, worker: str) -> None:
     with session_scope() as session:
         artifact = artifacts.start(session, artifact_id, worker)
         if artifact is None:

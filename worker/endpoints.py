@@ -26,7 +26,7 @@ from app.endpoints import service as endpoints
 from app.endpoints.models import Endpoint, EndpointStatus
 from app.pools.models import Pool
 from app.runs.models import Run
-from worker import runtimes
+from worker import leases, runtimes
 from worker.model_cache import local_artifact
 from worker.probe import Scraper, auth, probe
 from worker.processes import free_port
@@ -55,6 +55,12 @@ def launch(endpoint_id: str, worker: str) -> None:
 
 
 def supervise(endpoint_id: str, worker: str) -> None:
+    try:  # held for as long as this supervisor lives: its model server's chips
+        leases.take(f"endpoint {endpoint_id}")
+    except leases.Busy as busy:
+        with session_scope() as session:
+            endpoints.wait_for_chips(session, endpoint_id, str(busy), leases.RETRY_S)
+        return
     with session_scope() as session:
         endpoint = endpoints.start(session, endpoint_id, worker, os.getpid())
         if endpoint is None:

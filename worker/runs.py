@@ -37,7 +37,7 @@ from app.pools.models import Pool
 from app.runs import service as runs
 from app.runs.models import Run
 from app.runs.service import run_dir
-from worker import processes
+from worker import leases, processes
 from worker.model_cache import cached_copy, local_dataset
 from worker.processes import free_port
 
@@ -94,17 +94,27 @@ class Process:
 def execute(run_id: str, worker: str) -> None:
     """Take a run (the Celery task's body): supervise its training here, or on a slice pool, hand it to
     every host of this worker's slice (``execute_on_host``)."""
-    with session_scope() as session:
-        run = runs.start(session, run_id, worker)
-        if run is None:
-            return
-        pool = session.get(Pool, run.pool)
-        if pool is not None and pool.hosts_per_slice > 1:
-            slice_ = get_settings().slice
-            assert slice_ is not None, "a slice pool's worker knows its slice (tunedeck worker)"
-            runs.gang_start(session, run, slice_, pool.hosts_per_slice)
-            return
-        _supervise(session, run, run.attempts, None)
+    settings = get_settings()
+    if settings.slice is not None:  # a slice pool's worker (its hosts' tasks take their own leases)
+        with session_scope() as session:
+            run = runs.start(session, run_id, worker)
+            pool = session.get(Pool, run.pool) if run is not None else None
+            if run is not None and pool is not None:
+                runs.gang_start(session, run, settings.slice, pool.hosts_per_slice)
+        return
+    try:
+        lease = leases.take(f"run {run_id}")
+    except leases.Busy as busy:
+        with session_scope() as session:
+            runs.wait_for_chips(session, run_id, str(busy), leases.RETRY_S)
+        return
+    try:
+        with session_scope() as session:
+            run = runs.start(session, run_id, worker)
+            if run is not None:
+                _supervise(session, run, run.attempts, None)
+    finally:
+        lease.release()
 
 
 def execute_on_host(run_id: str, attempt: int, host_index: int, worker: str) -> None:

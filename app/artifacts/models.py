@@ -43,6 +43,7 @@ class Artifact(SQLModel, table=True):
     attempts: int = 0
     worker: str | None = Field(default=None, max_length=255)  # the host building it, while it is running
     heartbeat_at: datetime | None = None  # the build's supervisor beats; a silent one is re-queued
+    waiting: str | None = Field(default=None, max_length=500)  # queued: what it waits for (a host's chips)
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -78,6 +79,7 @@ class ArtifactPublic(SQLModel):
     verification: dict[str, Any] | None
     error: str | None
     attempts: int
+    waiting: str | None = None
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -166,6 +166,19 @@ def on_run_succeeded(session: Session, run: Run) -> Artifact | None:
     return _enqueue(session, run, ArtifactKind.merged, step, run.fine_tuned_model)
 
 
+def wait_for_chips(session: Session, artifact_id: str, why: str, retry_s: float) -> None:
+    """The host that got the build's task has its chips taken (``why`` says by what; a merge's verification
+    needs them): the artifact says so while it stays queued, and its task is sent again in ``retry_s``."""
+    artifact = session.get(Artifact, artifact_id)
+    if artifact is None or artifact.status != ArtifactStatus.queued:
+        return
+    run = session.get_one(Run, artifact.run_id)
+    artifact.waiting, artifact.updated_at = why, utcnow()  # it is not lost: `resend_lost` counts from here
+    session.add(artifact)
+    session.commit()
+    queue.send_task(queue.BUILD_ARTIFACT, artifact.id, queue=run.pool, countdown=retry_s)
+
+
 def start(session: Session, artifact_id: str, worker: str) -> Artifact | None:
     """A worker takes the artifact (``claim``: a compare-and-set on ``attempts``); None when there is
     nothing to do, or a live worker is on it. A re-queued build (its worker went silent) starts over:
@@ -186,6 +199,7 @@ def start(session: Session, artifact_id: str, worker: str) -> Artifact | None:
         artifact,
         status=ArtifactStatus.running,
         worker=worker,
+        waiting=None,
         heartbeat_at=now,
         started_at=artifact.started_at or now,
         bytes_done=0,

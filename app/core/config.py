@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         default_factory=lambda: _own_address(),
         description="the address the other hosts of this worker's slice reach it at (host 0 coordinates a run)",
     )
+    accelerator_jobs: int | None = Field(
+        default=None,
+        ge=0,
+        description="accelerator jobs (runs, merge verifications, model servers) at a time on this worker's "
+        "host; default 1 on an accelerator pool, no limit on a cpu pool; 0: no limit",
+    )
     slice_join_seconds: float = Field(
         default=300.0, gt=0, description="how long a slice's hosts wait for each other when a run starts"
     )

@@ -91,11 +91,12 @@ def check_broker() -> None:
         raise BrokerUnavailable(f"the task queue (broker) is unreachable: {exc}") from exc
 
 
-def send_task(name: str, *args, queue: str = GENERAL_QUEUE) -> bool:
-    """Send a task for a committed row; False (logged) when the broker did not take it: the row then
-    waits for `resend_lost`, which sends it again once the broker is back."""
+def send_task(name: str, *args, queue: str = GENERAL_QUEUE, countdown: float | None = None) -> bool:
+    """Send a task for a committed row (to run ``countdown`` seconds from now, if given); False (logged)
+    when the broker did not take it: the row then waits for `resend_lost`, which sends it again once the
+    broker is back."""
     try:
-        get_celery().send_task(name, args=args, queue=queue)
+        get_celery().send_task(name, args=args, queue=queue, countdown=countdown)
     except Exception:  # noqa: BLE001 - kombu raises several kinds; the row is safe either way
         log.warning("could not send %s%s to queue %s: it will be re-sent", name, args, queue, exc_info=True)
         return False

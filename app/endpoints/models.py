@@ -38,6 +38,7 @@ class Endpoint(SQLModel, table=True):
     runtime: Runtime = Field(default=Runtime.local, sa_type=AutoString(16))
     status: EndpointStatus = Field(default=EndpointStatus.pending, index=True, sa_type=AutoString(16))
     phase: str | None = Field(default=None, max_length=32)  # loading, compiling, ... while starting
+    waiting: str | None = Field(default=None, max_length=500)  # pending: what it waits for (a host's chips)
     settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     url: str | None = Field(default=None, max_length=255)  # the model server's base URL once started
     # The model server's bearer key, new at each start: only the gateway, the probes and benchmarks send it
@@ -115,6 +116,7 @@ class EndpointPublic(SQLModel):
     runtime: Runtime
     status: EndpointStatus
     phase: str | None
+    waiting: str | None = None
     settings: dict[str, Any]
     url: str | None = Field(description="where its model server listens: shown to admins only (null for others)")
     error: str | None

@@ -282,6 +282,19 @@ def _set(session: Session, endpoint: Endpoint, status: EndpointStatus, **values)
 # --- worker side --------------------------------------------------------------------------------
 
 
+def wait_for_chips(session: Session, endpoint_id: str, why: str, retry_s: float) -> None:
+    """The host that got the endpoint's task has its chips taken (``why`` says by what): the endpoint says
+    so while it stays pending, and its task is sent again in ``retry_s``, to this host or another."""
+    endpoint = session.get(Endpoint, endpoint_id)
+    if endpoint is None or endpoint.status != EndpointStatus.pending:
+        return
+    endpoint.phase, endpoint.waiting = "waiting for chips", why
+    endpoint.updated_at = utcnow()  # it is not lost: `resend_lost` counts from here
+    session.add(endpoint)
+    session.commit()
+    queue.send_task(queue.START_ENDPOINT, endpoint.id, queue=endpoint.pool, countdown=retry_s)
+
+
 def start(session: Session, endpoint_id: str, worker: str, pid: int) -> Endpoint | None:
     """A worker's supervisor takes the endpoint (``claim``); None when it is not pending any more."""
     endpoint = session.get(Endpoint, endpoint_id)
@@ -296,6 +309,7 @@ def start(session: Session, endpoint_id: str, worker: str, pid: int) -> Endpoint
         endpoint,
         status=EndpointStatus.starting,
         phase="loading",
+        waiting=None,
         api_key=secrets.token_urlsafe(32),  # its model server's key, new at each start
         worker=worker,
         pid=pid,

@@ -401,11 +401,8 @@ def start(session: Session, run_id: str, worker: str) -> Run | None:
     Taking is a compare-and-set on `attempts` (`claim`), so two deliveries of the same task cannot both run it.
     """
     run = session.get(Run, run_id)
-    if run is None or run.status in TERMINAL or run.status == RunStatus.paused:
+    if run is None or not _startable(run):
         return None
-    if run.status == RunStatus.running and run.worker and run.heartbeat_at:
-        if utcnow() - run.heartbeat_at < get_settings().stale_after:
-            return None  # another worker is on it (a re-queued run has no worker)
     if run.lost_attempts >= MAX_LOST_ATTEMPTS:
         _finish(session, run, RunStatus.failed, f"gave up: its worker was lost {run.lost_attempts} times")
         return None
@@ -416,6 +413,7 @@ def start(session: Session, run_id: str, worker: str) -> Run | None:
         run,
         status=RunStatus.running,
         worker=worker,
+        phase=None,
         stop_requested=None,
         started_at=run.started_at or now,
         heartbeat_at=now,
@@ -425,6 +423,33 @@ def start(session: Session, run_id: str, worker: str) -> Run | None:
     event(session, run, f"attempt {run.attempts} on {worker}" + (" after a worker was lost" if lost else ""))
     session.commit()
     return run
+
+
+def _startable(run: Run) -> bool:
+    """Queued, or running on a worker that was lost (a re-queued run has none)."""
+    if run.status in TERMINAL or run.status == RunStatus.paused:
+        return False
+    if run.status == RunStatus.running and run.worker and run.heartbeat_at:
+        return utcnow() - run.heartbeat_at >= get_settings().stale_after  # else another worker is on it
+    return True
+
+
+def wait_for_chips(session: Session, run_id: str, why: str, retry_s: float) -> None:
+    """The host that got the run's task has its chips taken (``why`` says by what): the run says so, and its
+    task is sent again in ``retry_s``, to this host or another of the pool."""
+    run = session.get(Run, run_id)
+    if run is None or not _startable(run):
+        return  # cancelled, paused or taken meanwhile: nothing to wait for
+    last = session.exec(
+        select(RunEvent.message).where(RunEvent.run_id == run.id).order_by(col(RunEvent.id).desc()).limit(1)
+    ).first()
+    if last != why:
+        event(session, run, why)
+    run.phase = "waiting for chips"
+    run.updated_at = utcnow()  # it is not lost: `resend_lost` counts from here
+    session.add(run)
+    session.commit()
+    queue.send_task(queue.TRAIN_RUN, run.id, queue=run.pool, countdown=retry_s)
 
 
 def is_current(session: Session, run: Run, attempt: int) -> bool:

@@ -17,7 +17,7 @@
     $("progress-bar").className = "progress-bar" + (done ? " done" : a.status === "failed" ? " bad" : "");
     $("progress-percent").textContent = a.bytes_total ? pct.toFixed(0) + "%" : "";
     $("progress-bytes").textContent = a.bytes_total ? fmtBytes(a.bytes_done) + " of " + fmtBytes(a.bytes_total) : "";
-    $("progress-note").textContent = a.status === "queued" ? "waiting for a worker of the run's pool" : a.status;
+    $("progress-note").textContent = a.status === "queued" ? a.waiting || "waiting for a worker of the run's pool" : a.status;
     $("artifact-error").textContent = a.error || "";
     $("artifact-error").hidden = !a.error;
 

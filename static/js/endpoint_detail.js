@@ -19,7 +19,8 @@
     const pill = $("endpoint-status");
     pill.className = "pill pill-lg pill-ep-" + e.status;
     pill.textContent = e.status;
-    $("endpoint-phase").textContent = e.status === "starting" && e.phase ? e.phase + "…" : "";
+    $("endpoint-phase").textContent = e.status === "starting" && e.phase ? e.phase + "…"
+      : e.status === "pending" && e.waiting ? e.waiting : "";
     $("endpoint-cost").textContent = R.fmtUSD(e.cost_usd);
     $("endpoint-error").textContent = e.error || "";
     $("endpoint-error").hidden = !e.error;

@@ -1,0 +1,194 @@
+"""Slice coordination overhead: the tiny Gemma 4 trained as JAX's multi-controller program (2 processes
+x 2 CPU devices, joined by ``jax.distributed.initialize`` with gloo collectives, as a run on a 2-host
+slice trains) against the same 4-device mesh in one process, in one run.
+
+    .venv/bin/python bench/slice.py [--steps 40] [--batch 8] [--seq 128] [--skip 5] [--repeat 2]
+
+Both sides run Tunedeck's training engine (``worker.training.engine.train``) on the same spec: LoRA rank
+16 on all seven projections, fsdp=4, the demo dataset, no eval, one checkpoint at the end. Steps/s is 1 /
+the median of the engine's ``step_time_s`` (wall time between step ends) over the steps after the first
+``--skip`` (compile and warm-up), best of ``--repeat`` runs per side. The collectives per step are
+counted in XLA's optimized program of the train step (``--xla_dump_to``): all-reduce, all-gather,
+reduce-scatter, collective-permute and all-to-all ops, plus the one broadcast per step that carries
+process 0's stop decision to the others.
+
+Goal: slice / one process >= 0.8. It reports; it does not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GOAL = 0.8
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+WORKER = """
+import json, sys
+import jax
+processes, index, coordinator, spec, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+if processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes, process_id=index)
+from worker.training import engine
+
+class Reporter:
+    times = {}
+    def phase(self, name): pass
+    def metrics(self, step, values):
+        if "step_time_s" in values: self.times[step] = values["step_time_s"]
+    def checkpoint(self, step, path, kept): pass
+    def log(self, line): pass
+    def held_out(self, lines): pass
+    def should_stop(self): return False
+
+r = Reporter()
+engine.train(engine.TrainSpec(**json.load(open(spec))), r)
+json.dump(r.times, open(out, "w"))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_spec(args, work: Path, name: str) -> Path:
+    from app.datasets.demo import demo_dataset_jsonl
+    from worker.training.engine import TrainSpec
+    from worker.training.tiny import create_tiny_gemma4
+
+    model = work / "tiny-gemma4"
+    if not model.exists():
+        create_tiny_gemma4(model)
+    data = work / "demo.jsonl"
+    data.write_bytes(demo_dataset_jsonl())
+    spec = TrainSpec(
+        base_model_dir=str(model),
+        preset="tiny-gemma4",
+        dataset_path=str(data),
+        dataset_filename="demo.jsonl",
+        file_type="jsonl",
+        fmt="chat",
+        validation_path=None,
+        validation_filename=None,
+        validation_fraction=0.0,
+        output_dir=str(work / name),
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        learning_rate=1e-3,
+        lr_schedule="constant",
+        warmup_steps=0,
+        epochs=None,
+        max_steps=args.steps,
+        batch_size=args.batch,
+        grad_accum_steps=1,
+        max_seq_len=args.seq,
+        packing=True,
+        assistant_only_loss=True,
+        seed=0,
+        eval_every_steps=10**6,
+        checkpoint_every_steps=10**6,
+        checkpoints_kept=1,
+        mesh_fsdp=4,
+        mesh_tp=1,
+        remat="none",
+        dtype="float32",
+        quantization=None,
+    )
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(dataclasses.asdict(spec)))
+    return path
+
+
+def train(processes: int, spec: Path, work: Path, dump: Path | None = None) -> list[float]:
+    """Step times (s) reported by process 0 of ``processes`` processes over 4 CPU devices in all."""
+    flags = f"--xla_force_host_platform_device_count={4 // processes}"
+    if dump is not None:
+        flags += f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT)}
+    coordinator = f"127.0.0.1:{free_port()}"
+    outs = [work / f"times-{processes}-{i}.json" for i in range(processes)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(processes), str(i), coordinator, str(spec), str(outs[i])],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    for i, proc in enumerate(procs):
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"process {i} of {processes} failed:\n{err[-3000:]}")
+    times = json.loads(outs[0].read_text())
+    return [times[k] for k in sorted(times, key=int)]
+
+
+def collectives(dump: Path) -> dict[str, int]:
+    """Collective ops in the optimized program of the train step (the largest optimized module)."""
+    modules = sorted(dump.glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size)
+    step = next((p for p in reversed(modules) if "train_step" in p.name), modules[-1] if modules else None)
+    if step is None:
+        return {}
+    text = step.read_text(errors="replace")
+    return {op: len(re.findall(rf"\b{op}(?:-start)?\(", text)) for op in COLLECTIVES}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--skip", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    if args.steps <= args.skip + 2:
+        raise SystemExit("--steps must be more than --skip + 2")
+
+    with tempfile.TemporaryDirectory(prefix="tunedeck-bench-slice-") as tmp:
+        work = Path(tmp)
+        best: dict[int, float] = {}
+        for attempt in range(args.repeat):
+            for processes in (1, 2):
+                spec = make_spec(args, work, f"run-{processes}-{attempt}")
+                dump = work / "dump" if processes == 2 and attempt == 0 else None
+                times = train(processes, spec, work, dump)[args.skip :]
+                rate = 1 / statistics.median(times)
+                best[processes] = max(best.get(processes, 0.0), rate)
+                print(f"  {processes} process(es), round {attempt + 1}: {rate:.2f} steps/s", flush=True)
+        counts = collectives(work / "dump")
+
+    ratio = best[2] / best[1]
+    ops = ", ".join(f"{n} {op}" for op, n in counts.items() if n) or "none found"
+    print(
+        f"slice (2 processes x 2 devices): {best[2]:.2f} steps/s; one process (4 devices): {best[1]:.2f} steps/s\n"
+        f"ratio {ratio:.3f} (goal >= {GOAL}); collectives per step: {ops} in the train step, "
+        f"+1 broadcast (the stop decision)\n"
+        f"({args.steps} steps of batch {args.batch} x {args.seq}, fsdp=4, median step time after {args.skip}, "
+        f"best of {args.repeat})"
+    )
+
+
+if __name__ == "__main__":
+    main()
