@@ -93,6 +93,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/gateway.py
 	$(BIN)/python bench/evals.py
+	$(BIN)/python bench/slice.py
 
 clean:
 	rm -rf $(VENV) data test-artifacts
