@@ -1,4 +1,5 @@
-"""Training over a 4-device mesh (fsdp x tp) of fake CPU devices, in a fresh process."""
+"""Training over a 4-device mesh (fsdp x tp) of fake CPU devices, and verifying its merge over the same
+devices, in a fresh process."""
 
 from __future__ import annotations
 
@@ -30,8 +31,16 @@ class R:
     def held_out(self, lines): pass
     def should_stop(self): return False
 r = R()
-res = engine.train(engine.TrainSpec(**json.loads({json.dumps(json.dumps(spec.__dict__))})), r)
-print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps}}))
+spec = engine.TrainSpec(**json.loads({json.dumps(json.dumps(spec.__dict__))}))
+res = engine.train(spec, r)
+# the run's LoRA merged, and the merge verified on this host of 4 devices
+from worker.merge import merge_lora, verify_merged
+lora = dict(rank=spec.lora_rank, alpha=spec.lora_alpha)
+checkpoint = f"{{spec.output_dir}}/checkpoints/{{res.final_step}}"
+merge_lora(spec.base_model_dir, checkpoint, f"{{spec.output_dir}}/merged", **lora)
+report = verify_merged(f"{{spec.output_dir}}/merged", spec.base_model_dir, checkpoint, **lora,
+                       target_modules=spec.target_modules)
+print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verification": report}}))
 """
     env = {
         **os.environ,
@@ -46,3 +55,11 @@ print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps}}))
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     losses = [out["losses"][str(s)] for s in range(1, 5)]
     assert out["final"] == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+    # Verification spreads each model over the host's devices as training does (fsdp): each of the 4 holds
+    # about a quarter of the merged weights (a 31B merge, 57 GiB in bfloat16, fits a v6e-8's 31.25 GiB
+    # chips only so; the norms are replicated), and the merge still computes what the LoRA model computes.
+    report = out["verification"]
+    weights = sum(p.stat().st_size for p in (Path(spec.output_dir) / "merged").glob("*.safetensors"))
+    assert report["passed"] and report["devices"] == 4, report
+    assert weights / 4 <= report["per_device_bytes"] < 0.3 * weights, (report, weights)

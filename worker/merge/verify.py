@@ -55,10 +55,42 @@ def weights_dtype(checkpoint: Checkpoint) -> str:
     return _DTYPES[dtype]
 
 
+def verification_mesh(config):
+    """An fsdp mesh over this host's devices, as wide as the model's width allows: the models are spread
+    over the host's chips as training spreads them (a 31B merge in bfloat16, 57 GiB, does not fit one
+    31.25 GiB v6e chip, but fits eight)."""
+    import jax
+
+    from worker.training.engine import make_mesh
+
+    n = jax.local_device_count()
+    fsdp = max(d for d in range(1, n + 1) if n % d == 0 and config.embed_dim % d == 0)
+    return make_mesh(fsdp, 1)
+
+
+def per_device_bytes(model) -> int:
+    """The bytes of the model's parameters held by its first device (the most any one device holds, with
+    even shards)."""
+    import jax
+    from flax import nnx
+
+    arrays = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.Array)]
+    first = arrays[0].addressable_shards[0].device
+    return sum(s.data.nbytes for x in arrays for s in x.addressable_shards if s.device == first)
+
+
 def lora_model(
-    base_dir: str, checkpoint_dir: str, *, rank: int, alpha: float, target_modules: Sequence[str], dtype: str
+    base_dir: str,
+    checkpoint_dir: str,
+    *,
+    rank: int,
+    alpha: float,
+    target_modules: Sequence[str],
+    dtype: str,
+    mesh=None,
 ):
-    """The base with the checkpoint's LoRA applied by Qwix, as training ran it."""
+    """The base with the checkpoint's LoRA applied by Qwix, as training ran it (over ``mesh``, if given:
+    call it inside ``with mesh:``)."""
     import orbax.checkpoint as ocp
     from etils import epath
     from flax import nnx
@@ -66,7 +98,7 @@ def lora_model(
     from worker.training import engine, models
 
     config = models.resolve_config(base_dir)
-    model = models.load_base_model(base_dir, config, dtype=dtype)
+    model = models.load_base_model(base_dir, config, mesh=mesh, dtype=dtype)
     # The LoRA fields of a TrainSpec, which is all engine.apply_lora reads.
     lora = SimpleNamespace(
         target_modules=tuple(target_modules), lora_rank=rank, lora_alpha=alpha, lora_dropout=0.0, seed=0, dtype=dtype
@@ -126,13 +158,22 @@ def verify_merged(
     if weights_dtype(base) != dtype:
         raise ValueError(f"{merged_dir} holds {dtype} weights but its base {base_dir} does not")
     config = models.resolve_config(base_dir)
-    if prompts is None:
-        prompts = default_prompts(config.num_embed, models.text_config(base.config).get("bos_token_id", 2))
-    expected = logits(
-        lora_model(base_dir, checkpoint_dir, rank=rank, alpha=alpha, target_modules=target_modules, dtype=dtype),
-        prompts,
-    )
-    got = logits(models.load_base_model(merged_dir, config, dtype=dtype), prompts)
+    mesh = verification_mesh(config)
+    devices = mesh.devices.size
+    if prompts is None:  # a batch that splits evenly over the mesh
+        count = -(-max(4, devices) // devices) * devices
+        prompts = default_prompts(config.num_embed, models.text_config(base.config).get("bos_token_id", 2), count)
+    # `with mesh:` (not jax.set_mesh): Tunix's model reads the mesh from pxla.thread_resources, as in training
+    with mesh:
+        lora = lora_model(
+            base_dir, checkpoint_dir, rank=rank, alpha=alpha, target_modules=target_modules, dtype=dtype, mesh=mesh
+        )
+        expected = logits(lora, prompts)
+        del lora  # one model in memory at a time
+        merged = models.load_base_model(merged_dir, config, mesh=mesh, dtype=dtype)
+        got = logits(merged, prompts)
+        held = per_device_bytes(merged)
+        del merged
     diff = max(float(np.abs(a - b).max()) for a, b in zip(expected, got, strict=True))
     same = np.concatenate([a.argmax(-1) == b.argmax(-1) for a, b in zip(expected, got, strict=True)])
     scale = max(float(np.abs(a).max()) for a in expected)
@@ -148,5 +189,7 @@ def verify_merged(
         "dtype": dtype,
         "prompts": len(prompts),
         "positions": int(same.size),
+        "devices": devices,  # the models were spread over this many devices (fsdp)
+        "per_device_bytes": held,  # of the merged model's weights, on each
         "seconds": time.perf_counter() - started,
     }
