@@ -58,8 +58,8 @@ test: $(VENV)/.installed-dev browser  ## the suite on SQLite and the server-less
 # and the fine-tuning jobs test (pause and resume: the same sends and conditional updates as the run
 # tests there), the run from a registered URL (its copy is files; its run trains as any other), and
 # the CLI's user and token commands (plain inserts through the server's own engine code; `db upgrade`
-# does run there), the slice runs (two more workers each: their rows are plain inserts and updates,
-# and the re-queue of a lost host is `requeue_lost`, which the run SIGKILL test runs there), and the
+# does run there), the slice pool's workers and runs (two more workers: their rows are plain inserts
+# and updates, and the re-queue of a lost host is `requeue_lost`, which the run SIGKILL test runs there), and the
 # chips lease test (two runs, two merges and two model servers on another worker: a wait is an update of
 # the row and a send with a countdown, which Celery's worker holds until it is due on either broker).
 SERVER_TESTS := tests/api tests/test_cli.py

@@ -191,11 +191,33 @@ def _supervise(session, run: Run, attempt: int, process: Process | None) -> None
                 return
         # A process that died without recording an outcome (host 0's records it; another host's ends at 0).
         if runs.is_current(session, run, attempt) and run.status == "running" and (lead or child.returncode):
+            if process is not None and _lost_a_host(session, run, attempt, process):
+                return  # re-queued: the run resumes once the slice is whole
             reason = _crash_reason(child.returncode, log_path)
             runs.fail(session, run, reason if process is None else f"host {process.index} of {run.slice}: {reason}")
     finally:
         if requested != "handback" and get_settings().training_standby:  # a stopping worker needs none
             Standby.start()
+
+
+def _lost_a_host(session, run: Run, attempt: int, process: Process) -> bool:
+    """This host's process of a slice failed: when another host is gone (its collectives broke: "connection
+    closed by peer"), that host's row falls silent within the stale bound, and the run is re-queued as a lost
+    attempt rather than failed. True once re-queued (here, or by another host)."""
+    deadline = time.monotonic() + get_settings().stale_after.total_seconds() + 2 * HEARTBEAT_S
+    while time.monotonic() < deadline:
+        if not runs.on_slice(session, run, attempt, process.coordinator):
+            return True
+        runs.process_beat(session, run.id, process.index)
+        if process.index == 0:
+            runs.heartbeat(session, run)  # the run is not lost meanwhile, only its other host
+        silent = [i for i in runs.silent_hosts(session, run, attempt) if i != process.index]
+        if silent:
+            hosts = ", ".join(map(str, silent))
+            runs.requeue_lost(session, run, f"host {hosts} of slice {run.slice} stopped answering")
+            return True
+        time.sleep(HEARTBEAT_S / 2)
+    return False
 
 
 class Standby:
@@ -404,11 +426,10 @@ def train_process(run_id: str, attempt: int, process: Process | None = None) -> 
         except Exception as exc:
             log.exception("training failed")
             reporter.flush()
-            if process is not None:
+            if process is not None:  # its supervisor decides: a lost peer re-queues the run, else it fails
                 runs.process_beat(session, run.id, process.index, state="failed")
-            if runs.is_current(session, run, attempt):
-                where = "" if process is None else f"host {process.index} of slice {run.slice}: "
-                runs.fail(session, run, f"{where}{type(exc).__name__}: {exc}"[:2000])
+            elif runs.is_current(session, run, attempt):
+                runs.fail(session, run, f"{type(exc).__name__}: {exc}"[:2000])
             return 1
         reporter.flush()
         if process is not None:

@@ -85,6 +85,23 @@ def slice_s1(server, api, tmp_path_factory):
     slice_.stop()
 
 
+def test_a_slice_pool_shows_its_slices_and_the_hosts_of_each(server, api, slice_s1, tmp_path):
+    """The two workers, each told its slice and place, show as one complete slice, and each consumes its
+    host's own queue; a worker that cannot tell its place does not start."""
+    (one,) = api.get("/api/v1/pools/cpu-slice").json()["slices"]
+    assert one["name"] == "s1" and one["complete"], one
+    hosts = [(w["host_index"], w["hostname"]) for w in one["hosts"]]
+    assert hosts == [(0, "cpu-slice@host-0"), (1, "cpu-slice@host-1")]
+    for i, host in enumerate(slice_s1.hosts):  # where a slice job's part for that host is sent
+        assert f".> cpu-slice.s1.{i} " in (host / "worker.log").read_text()
+
+    # Not a Cloud TPU VM and no place given: the worker says what to give, and does not start.
+    lost = start_worker(server, tmp_path / "lost", "cpu-slice", name="lost")
+    lost.wait(timeout=60)
+    log = (tmp_path / "lost" / "worker.log").read_text()
+    assert lost.returncode == 2 and "start its workers with --slice NAME --host-index I" in log, log
+
+
 def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, page):
     dataset = demo_dataset(server, api)
 
