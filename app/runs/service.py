@@ -605,8 +605,9 @@ def finish(session: Session, run: Run, *, stopped_by: str | None) -> None:
         session.commit()
     else:
         run.fine_tuned_model = fine_tuned_model_name(run)
-        _finish(session, run, RunStatus.succeeded, None)
+        # its merged artifact first: whoever sees the run succeeded finds the artifact listed
         artifacts.on_run_succeeded(session, run)
+        _finish(session, run, RunStatus.succeeded, None)
         if run.config.get("eval_every_checkpoint"):
             _evaluate_checkpoints(session, run)
 
