@@ -371,16 +371,18 @@ class Engine:
         if r.cancelled:
             self._free(slot)
             return
+        # A request that ends is no longer running when its client hears of the end (as in vLLM, whose
+        # scheduler frees it before its output goes out): freed first, then told.
         if token in self.stop_ids and not r.ignore_eos:
-            r.emit(token, "stop")  # generated, and counted (vLLM's check_stop reads it from the output)
             self._free(slot)
+            r.emit(token, "stop")  # generated, and counted (vLLM's check_stop reads it from the output)
             return
         row.generated += 1
         row.last = token
         r.emit(token, None)
         if row.generated >= row.budget:
-            r.emit(None, "length")
             self._free(slot)
+            r.emit(None, "length")
 
     def _free(self, slot: int) -> None:
         self._ended += 1
