@@ -18,8 +18,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-compile -e '.[train]'
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+# The tests also read configs written by transformers 5.18, whose Gemma 4 config states the global
+# layers' shape as `per_layer_config`. It needs safetensors>=0.8 and Tunix needs <0.8, so it lives in a
+# folder of its own that only tests/checkpoints.py's writer puts on its path.
+NEW_TRANSFORMERS := $(VENV)/transformers-5.18
+
+$(VENV)/.installed-dev: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q --no-compile -e '.[dev,train]'
+	rm -rf $(NEW_TRANSFORMERS)
+	$(BIN)/pip install -q --no-compile --no-deps --target $(NEW_TRANSFORMERS) \
+		transformers==5.18.0 tokenizers==0.23.2 safetensors==0.8.0
 	touch $(VENV)/.installed $@
 
 run: $(VENV)/.installed  ## Tunedeck on embedded defaults: http://127.0.0.1:8000

@@ -39,6 +39,8 @@ MID = Architecture(
     num_global_kv_heads=1,
     global_every=2,
     vocab_size=32768,
+    sliding_window=32,
+    final_logit_softcap=30.0,
 )
 
 

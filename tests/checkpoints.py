@@ -365,3 +365,30 @@ def write_scripted_gemma4(dest: Path, script: list[str]) -> Path:
             down[j + 1, j] = 1.0
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest
+
+
+NEW_TRANSFORMERS = Path(__file__).resolve().parent.parent / ".venv" / "transformers-5.18"
+
+
+def config_by_new_transformers(**kwargs) -> dict:
+    """The config.json that transformers 5.18's own ``Gemma4TextConfig(**kwargs).save_pretrained``
+    writes: the global layers' shape as ``per_layer_config``, no ``global_head_dim`` or
+    ``num_global_key_value_heads``. That transformers needs a newer safetensors than Tunix allows,
+    so it runs in a process of its own from the folder ``make .venv/.installed-dev`` fills."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    assert (NEW_TRANSFORMERS / "transformers").is_dir(), f"{NEW_TRANSFORMERS} is missing: run make .venv/.installed-dev"
+    script = (
+        "import json, sys\n"
+        "import transformers\n"
+        "assert transformers.__version__ == '5.18.0', transformers.__version__\n"
+        "from transformers import Gemma4TextConfig\n"
+        "Gemma4TextConfig(**json.loads(sys.argv[1])).save_pretrained(sys.argv[2])\n"
+    )
+    with tempfile.TemporaryDirectory() as out:
+        env = {**os.environ, "PYTHONPATH": str(NEW_TRANSFORMERS)}
+        subprocess.run([sys.executable, "-c", script, json.dumps(kwargs), out], env=env, check=True, timeout=120)
+        return json.loads((Path(out) / "config.json").read_text())

@@ -21,6 +21,8 @@ class Architecture:
     num_global_kv_heads: int | None  # None: as num_kv_heads
     global_every: int  # one global layer per this many layers (the rest slide)
     vocab_size: int
+    sliding_window: int  # the sliding layers' window (tokens)
+    final_logit_softcap: float | None
     k_eq_v: bool = True  # global layers have one projection used as both K and V
     per_layer_input_dim: int = 0  # E2B/E4B: per-layer token embeddings of this width
     kv_shared_layers: int = 0  # E2B/E4B: the last layers reuse earlier layers' KV cache
@@ -85,6 +87,8 @@ BASE_MODELS: dict[str, BaseModel] = {
                 num_global_kv_heads=2,
                 global_every=2,
                 vocab_size=1280,
+                sliding_window=32,
+                final_logit_softcap=30.0,
             ),
             local=True,
         ),
@@ -102,6 +106,8 @@ BASE_MODELS: dict[str, BaseModel] = {
                 num_global_kv_heads=None,
                 global_every=5,
                 vocab_size=262144,
+                sliding_window=512,
+                final_logit_softcap=30.0,
                 k_eq_v=False,
                 per_layer_input_dim=256,
                 kv_shared_layers=20,
@@ -122,6 +128,8 @@ BASE_MODELS: dict[str, BaseModel] = {
                 num_global_kv_heads=None,
                 global_every=6,
                 vocab_size=262144,
+                sliding_window=512,
+                final_logit_softcap=30.0,
                 k_eq_v=False,
                 per_layer_input_dim=256,
                 kv_shared_layers=18,
@@ -141,6 +149,8 @@ BASE_MODELS: dict[str, BaseModel] = {
                 num_global_kv_heads=4,
                 global_every=6,
                 vocab_size=262144,
+                sliding_window=1024,
+                final_logit_softcap=30.0,
             ),
         ),
     )

@@ -16,8 +16,9 @@ import fsspec
 from sqlmodel import Session, select
 
 from app.auth.models import User
+from app.base_models import hf_config
 from app.base_models.models import BaseModelPublic, RegisteredModel, RegisteredModelCreate
-from app.base_models.presets import BASE_MODELS, Architecture, BaseModel
+from app.base_models.presets import BASE_MODELS, BaseModel
 from app.core.config import get_settings
 from app.core.echo import echo
 from app.runs.models import Run
@@ -77,19 +78,51 @@ def get(session: Session, name: str) -> BaseModelPublic | None:
         return None
 
 
-def _config_mismatches(config: dict, arch: Architecture) -> list[str]:
-    text = config.get("text_config")
-    if not isinstance(text, dict):
-        text = config
-    expected = {
-        "num_hidden_layers": arch.num_layers,
-        "hidden_size": arch.d_model,
-        "num_attention_heads": arch.num_heads,
-        "num_key_value_heads": arch.num_kv_heads,
-        "head_dim": arch.head_dim,
-        "vocab_size": arch.vocab_size,
-    }
-    return [f"{k} is {text.get(k)!r}, the preset has {v}" for k, v in expected.items() if text.get(k) != v]
+def _config_mismatches(config: dict, preset: BaseModel) -> list[str]:
+    """What in a checkpoint's config.json differs from its preset's structure: the same fields the
+    worker compares with Tunix's preset (``worker.training.models.STRUCTURE_FIELDS``), read by the same
+    reader. Raises hf_config.ConfigError for a config Tunix cannot load at all."""
+    c = hf_config.normalized(config)
+    arch = preset.arch
+    shared = int(c["num_kv_shared_layers"] or 0)
+    per_layer = "per_layer_config" in hf_config.text_config(config)
+    checks: list[tuple[str, object, object]] = [
+        ("num_hidden_layers", c["num_hidden_layers"], arch.num_layers),
+        ("hidden_size", c["hidden_size"], arch.d_model),
+        ("intermediate_size", c["intermediate_size"], arch.ffn_dim),
+        ("num_attention_heads", c["num_attention_heads"], arch.num_heads),
+        ("head_dim", c["head_dim"], arch.head_dim),
+        ("num_key_value_heads", c["num_key_value_heads"], arch.num_kv_heads),
+        (
+            "per_layer_config (the full_attention layers' head_dim)" if per_layer else "global_head_dim",
+            c["global_head_dim"],
+            arch.global_head_dim,
+        ),
+        (
+            "per_layer_config (the full_attention layers' num_key_value_heads)"
+            if per_layer
+            else "num_global_key_value_heads",
+            c["num_global_key_value_heads"] or c["num_key_value_heads"],
+            arch.global_kv_heads,
+        ),
+        ("layer_types", c["layer_types"], ["full_attention" if g else "sliding_attention" for g, _ in arch.layers()]),
+        ("attention_k_eq_v", bool(c["attention_k_eq_v"]), arch.k_eq_v),
+        ("hidden_size_per_layer_input", int(c["hidden_size_per_layer_input"] or 0), arch.per_layer_input_dim),
+        ("num_kv_shared_layers", shared, arch.kv_shared_layers),
+        ("use_double_wide_mlp", bool(c["use_double_wide_mlp"] and shared), arch.double_wide_mlp),
+        ("sliding_window", c["sliding_window"], arch.sliding_window),
+        ("final_logit_softcapping", c["final_logit_softcapping"], arch.final_logit_softcap),
+        ("enable_moe_block", bool(c["enable_moe_block"]), False),
+    ]
+    if not preset.local:  # the tiny model's vocabulary follows the corpus its tokenizer was made from
+        checks.append(("vocab_size", c["vocab_size"], arch.vocab_size))
+    return [f"{key} is {_shown(got)}, the preset has {_shown(want)}" for key, got, want in checks if got != want]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{', '.join(map(repr, value[:6]))}, ... ({len(value)} entries)]"
+    return repr(value)
 
 
 def read_chat_template(source: str) -> str | None:
@@ -152,14 +185,19 @@ def check_source(source: str, preset: BaseModel) -> None:
         raise BaseModelError("source", f"{source} does not exist") from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise BaseModelError("source", f"cannot read {source}/config.json: {exc}") from exc
+    if not isinstance(config, dict):
+        raise BaseModelError("source", f"{source}/config.json is not a JSON object")
     if not any(n.endswith(".safetensors") for n in names):
         raise BaseModelError("source", f"{source} has no *.safetensors weights")
     if not names & set(TOKENIZER_FILES):
         raise BaseModelError("source", f"{source} has no tokenizer ({' or '.join(TOKENIZER_FILES)})")
-    model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
+    model_type = hf_config.text_config(config).get("model_type") or config.get("model_type")
     if model_type not in ("gemma4", "gemma4_text"):
         raise BaseModelError("source", f"{source}/config.json is model_type {model_type!r}, not Gemma 4")
-    wrong = _config_mismatches(config, preset.arch)
+    try:
+        wrong = _config_mismatches(config, preset)
+    except hf_config.ConfigError as exc:
+        raise BaseModelError("source", f"{source}/config.json: {exc}") from exc
     if wrong:
         raise BaseModelError("preset", f"{source}/config.json does not match preset {preset.name}: {'; '.join(wrong)}")
 

@@ -6,14 +6,23 @@ import shutil
 import pytest
 
 from tests.api.test_runs_lifecycle import demo_dataset, wait_run
+from tests.checkpoints import config_by_new_transformers
 from tests.conftest import make_user
 from worker.training.tiny import create_tiny_gemma4
 
 
 @pytest.fixture(scope="module")
 def tiny_copy(tmp_path_factory):
-    """A tiny Gemma 4 checkpoint outside the server's data dir, as a user's own model would be."""
-    return create_tiny_gemma4(tmp_path_factory.mktemp("elsewhere") / "my-tiny")
+    """A tiny Gemma 4 checkpoint outside the server's data dir, as a user's own fine-tune would be:
+    saved by a newer transformers, so its config.json states the global layers' shape in the
+    ``per_layer_config`` form (the built-in tiny model has the release form)."""
+    path = create_tiny_gemma4(tmp_path_factory.mktemp("elsewhere") / "my-tiny")
+    config = json.loads((path / "config.json").read_text())
+    text = {k: v for k, v in config["text_config"].items() if k not in ("model_type", "dtype", "architectures")}
+    config["text_config"] = {**config_by_new_transformers(**text), "model_type": "gemma4_text"}
+    assert "global_head_dim" not in config["text_config"]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
 
 
 def names(api) -> list[str]:
@@ -38,15 +47,21 @@ def test_bad_sources_are_refused_naming_the_field(server, api, tiny_copy, tmp_pa
     other = tmp_path / "other-arch"
     shutil.copytree(tiny_copy, other)
     config = json.loads((other / "config.json").read_text())
-    config["text_config"]["num_hidden_layers"] = 3
+    config["text_config"]["intermediate_size"] = 512
     (other / "config.json").write_text(json.dumps(config))
+    wider = tmp_path / "wider-global-heads"
+    shutil.copytree(tiny_copy, wider)
+    config = json.loads((wider / "config.json").read_text())
+    config["text_config"]["per_layer_config"]["1"]["head_dim"] = 64
+    (wider / "config.json").write_text(json.dumps(config))
     cases = [
         ({"source": "relative/dir"}, "source", "absolute"),
         ({"source": str(tmp_path / "missing")}, "source", "does not exist"),
         ({"source": str(no_weights)}, "source", "no *.safetensors"),
         ({"source": "nosuchproto://bucket/x"}, "source", "cannot open"),
         ({"preset": "gemma-4-31b"}, "preset", "does not match preset gemma-4-31b"),
-        ({"source": str(other)}, "preset", "num_hidden_layers is 3"),
+        ({"source": str(other)}, "preset", "intermediate_size is 512, the preset has 256"),
+        ({"source": str(wider)}, "preset", "the full_attention layers' head_dim) is 64, the preset has 32"),
         ({"preset": "llama"}, "preset", "unknown preset"),
         ({"name": "Bad Name"}, "name", "pattern"),
     ]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from app.base_models import hf_config
 from worker.merge import mapping
 from worker.merge.merge import Checkpoint, open_checkpoint
 
@@ -162,7 +163,7 @@ def verify_merged(
     devices = mesh.devices.size
     if prompts is None:  # a batch that splits evenly over the mesh
         count = -(-max(4, devices) // devices) * devices
-        prompts = default_prompts(config.num_embed, models.text_config(base.config).get("bos_token_id", 2), count)
+        prompts = default_prompts(config.num_embed, hf_config.text_config(base.config).get("bos_token_id", 2), count)
     # `with mesh:` (not jax.set_mesh): Tunix's model reads the mesh from pxla.thread_resources, as in training
     with mesh:
         lora = lora_model(

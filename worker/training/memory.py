@@ -51,8 +51,8 @@ def hf_config(arch: dict, dtype: str = "float32") -> dict:
         "global_head_dim": arch["global_head_dim"],
         "num_global_key_value_heads": arch["num_global_kv_heads"],
         "attention_k_eq_v": arch.get("k_eq_v", True),
-        "sliding_window": arch.get("sliding_window", tiny.TINY_ARCH["sliding_window"]),
-        "final_logit_softcapping": 30.0,
+        "sliding_window": arch["sliding_window"],
+        "final_logit_softcapping": arch["final_logit_softcap"],
     }
 
 

@@ -16,102 +16,45 @@ from pathlib import Path
 
 from tunix.models.gemma4 import model as gemma4
 
+from app.base_models import hf_config
+
 ModelConfig = gemma4.ModelConfig
 AttentionType = gemma4.AttentionType
 RematConfig = gemma4.RematConfig
 
-# HF defaults (transformers' Gemma4TextConfig) for keys a config.json may leave out.
-_HF_DEFAULTS = {
-    "vocab_size": 262_144,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "hidden_activation": "gelu_pytorch_tanh",
-    "sliding_window": 512,
-    "final_logit_softcapping": None,
-    "hidden_size_per_layer_input": 256,
-    "num_global_key_value_heads": None,
-    "global_head_dim": 512,
-    "attention_k_eq_v": False,
-    "num_kv_shared_layers": 0,
-    "enable_moe_block": False,
-    "use_double_wide_mlp": False,
-    "attention_bias": False,
-    "use_bidirectional_attention": None,
-}
-_DEFAULT_ROPE = {
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
-}
 _LAYER_TYPES = {"sliding_attention": AttentionType.LOCAL_SLIDING, "full_attention": AttentionType.GLOBAL}
-
-
-def text_config(config_json: dict) -> dict:
-    """The text model's part of an HF Gemma 4 config.json (``text_config`` of a multimodal one)."""
-    if "text_config" in config_json and isinstance(config_json["text_config"], dict):
-        return config_json["text_config"]
-    return config_json
 
 
 def _pattern(layer_types: list[str]) -> tuple[AttentionType, ...]:
     """The shortest repeating period of the per-layer attention types (Tunix cycles its pattern)."""
-    try:
-        types = [_LAYER_TYPES[t] for t in layer_types]
-    except KeyError as exc:
-        raise ValueError(f"unsupported layer type {exc.args[0]!r}; expected one of {sorted(_LAYER_TYPES)}") from None
+    types = [_LAYER_TYPES[t] for t in layer_types]
     for p in range(1, len(types) + 1):
         if all(types[i] == types[i % p] for i in range(len(types))):
             return tuple(types[:p])
     raise AssertionError("unreachable")
 
 
-def _rope(params: dict, what: str) -> tuple[int, float, float]:
+def _rope(params: dict) -> tuple[int, float, float]:
     """(base frequency, scale factor, rotary proportion) from one layer type's rope parameters."""
-    kind = params.get("rope_type", "default")
-    theta = params.get("rope_theta")
-    if theta is None:
-        raise ValueError(f"rope_parameters[{what!r}] has no rope_theta")
-    if kind in ("default", "proportional"):
-        scale = 1.0
-    elif kind == "linear":
-        scale = float(params.get("factor", 1.0))
-    else:
-        raise NotImplementedError(f"rope_type {kind!r} ({what}) is not supported by Tunix's Gemma 4 model")
+    scale = float(params.get("factor", 1.0)) if params.get("rope_type") == "linear" else 1.0
     proportion = float(params.get("partial_rotary_factor", 1.0))
-    return int(theta), scale, proportion
+    return int(params["rope_theta"]), scale, proportion
 
 
 def model_config_from_hf(config_json: dict) -> ModelConfig:
     """Map an HF Gemma 4 config.json (dict) to Tunix's ``gemma4.ModelConfig``.
 
-    Raises ValueError (or NotImplementedError) for settings Tunix's Gemma 4 cannot represent.
-    The result's ``dtype``/``param_dtype``/``remat_config`` are Tunix's defaults; the caller sets them.
+    Raises ``hf_config.ConfigError`` (a ValueError naming the key) for settings Tunix's Gemma 4 cannot
+    represent. The result's ``dtype``/``param_dtype``/``remat_config`` are Tunix's defaults; the caller
+    sets them.
     """
-    c = {**_HF_DEFAULTS, **text_config(config_json)}
+    c = hf_config.normalized(config_json)
     n_layers = int(c["num_hidden_layers"])
-    layer_types = c.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layers)
-    ]
-    if len(layer_types) != n_layers:
-        raise ValueError(f"layer_types has {len(layer_types)} entries for {n_layers} layers")
-    if c["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ValueError(f"hidden_activation {c['hidden_activation']!r} is not supported (Tunix uses tanh GELU)")
-    if c["attention_bias"]:
-        raise ValueError("attention_bias=True is not supported by Tunix's Gemma 4 model")
-    if c["use_bidirectional_attention"] not in (None, "vision"):
-        raise ValueError("use_bidirectional_attention='all' is not supported for causal LM training")
-    if config_json.get("tie_word_embeddings", True) is False or c.get("tie_word_embeddings", True) is False:
-        raise ValueError("tie_word_embeddings=False is not supported (Tunix's Gemma 4 ties the output layer)")
     vocab = int(c["vocab_size"])
     per_layer = int(c["hidden_size_per_layer_input"] or 0)
-    if per_layer and int(c.get("vocab_size_per_layer_input", vocab)) != vocab:
-        raise ValueError("vocab_size_per_layer_input must equal vocab_size (Tunix shares one vocabulary)")
-    rope = {**_DEFAULT_ROPE, **(c.get("rope_parameters") or {})}
-    local_base, local_scale, local_prop = _rope(rope["sliding_attention"], "sliding_attention")
-    global_base, global_scale, global_prop = _rope(rope["full_attention"], "full_attention")
+    rope = c["rope_parameters"]
+    local_base, local_scale, local_prop = _rope(rope["sliding_attention"])
+    global_base, global_scale, global_prop = _rope(rope["full_attention"])
     hidden = int(c["intermediate_size"])
     moe = bool(c["enable_moe_block"])
     shared = int(c["num_kv_shared_layers"] or 0)
@@ -127,8 +70,8 @@ def model_config_from_hf(config_json: dict) -> ModelConfig:
         sliding_window_size=c["sliding_window"],
         per_layer_input_dim=per_layer,
         num_global_kv_heads=c["num_global_key_value_heads"],
-        global_key_size=int(c["global_head_dim"] or c["head_dim"]),
-        attention_pattern=_pattern(layer_types),
+        global_key_size=int(c["global_head_dim"]),
+        attention_pattern=_pattern(c["layer_types"]),
         frac_shared_layers=shared / n_layers if shared else 0.0,
         global_rope_proportion=global_prop,
         local_rope_proportion=local_prop,
