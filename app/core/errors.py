@@ -31,10 +31,11 @@ def answer(exc: FieldError) -> HTTPException:
     return conflict(str(exc)) if exc.conflict else unprocessable(str(exc), exc.field)
 
 
-def unprocessable(message: str, *loc: str | int) -> HTTPException:
-    """422 in FastAPI's own validation shape, naming the body field that is wrong (``loc``)."""
+def unprocessable(message: str, *loc: str | int, where: str = "body") -> HTTPException:
+    """422 in FastAPI's own validation shape, naming the field that is wrong (``loc``) of the body, or
+    of the ``query``."""
     return HTTPException(
-        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", *loc], "msg": message, "type": "value_error"}]
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": [where, *loc], "msg": message, "type": "value_error"}]
     )
 
 

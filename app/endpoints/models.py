@@ -97,6 +97,47 @@ class EndpointSamplePublic(SQLModel):
     kv_cache_usage: float | None
 
 
+class Figures(SQLModel):
+    requests: int = 0
+    errors: int = Field(default=0, description="requests answered with an HTTP error or broken off")
+    ttft_p50_s: float | None = Field(default=None, description="time to first token, median (streamed requests)")
+    ttft_p95_s: float | None = None
+    itl_p50_s: float | None = Field(
+        default=None,
+        description="inter-token latency, median over requests of each one's mean gap between streamed tokens "
+        "((duration - TTFT) / (output tokens - 1))",
+    )
+    output_tokens: int = 0
+    output_tokens_per_s: float = Field(
+        default=0.0, description="output tokens of these requests per second of the window"
+    )
+    server_tokens_per_s: float | None = Field(
+        default=None,
+        description="the model server's own generation rate (vllm:generation_tokens_total), mean of the scrapes",
+    )
+
+
+class BySource(SQLModel):
+    all: Figures = Field(default_factory=Figures)
+    probe: Figures = Field(default_factory=Figures)
+    gateway: Figures = Field(default_factory=Figures)
+
+
+class EndpointStats(SQLModel):
+    last_5m: BySource
+    last_1h: BySource
+
+
+class SeriesPoint(SQLModel):
+    at: datetime = Field(description="the middle of the bucket")
+    figures: BySource
+
+
+class EndpointSeries(SQLModel):
+    bucket_s: int
+    points: list[SeriesPoint]
+
+
 class EndpointCreate(Schema):
     artifact_id: str = Field(max_length=ID_LENGTH)
     pool: str = Field(default="cpu", max_length=NAME_LENGTH)
@@ -127,6 +168,10 @@ class EndpointPublic(SQLModel):
     ready_at: datetime | None
     stopped_at: datetime | None
     cost_usd: float = 0.0  # chip-hours since it last started x its pool's price
+    stats: EndpointStats | None = Field(
+        default=None,
+        description="live figures from its samples: on GET /endpoints/{id}, and in the list with ?stats=true",
+    )
 
 
 class EndpointsPublic(SQLModel):

@@ -12,13 +12,14 @@ from app.core.deps import CurrentUser, SessionDep
 from app.core.routing import Route
 from app.core.schemas import Offset
 from app.core.sse import watch_body
-from app.endpoints import service
+from app.endpoints import service, stats
 from app.endpoints.models import (
     Endpoint,
     EndpointCreate,
     EndpointPublic,
     EndpointReplace,
     EndpointSamplePublic,
+    EndpointSeries,
     EndpointsPublic,
 )
 
@@ -50,15 +51,16 @@ def list_endpoints(
     artifact_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
+    stats: Annotated[bool, Query(description="each with its live figures (`stats`)")] = False,
     watch_: Annotated[bool, Query(alias="watch")] = False,
 ):
-    """The user's endpoints, newest first; `?artifact_id=` filters; `?watch=true` streams the list (SSE)."""
+    """The user's endpoints, newest first; `?artifact_id=` filters; `?stats=true` adds each one's live
+    figures; `?watch=true` streams the list (SSE)."""
 
     def listed(s) -> dict:
         rows = service.list_endpoints(s, user, artifact_id=artifact_id, limit=limit, offset=offset)
-        return EndpointsPublic(data=[service.to_public(s, e, user) for e in rows], count=len(rows)).model_dump(
-            mode="json"
-        )
+        data = service.with_stats(s, rows, user) if stats else [service.to_public(s, e, user) for e in rows]
+        return EndpointsPublic(data=data, count=len(rows)).model_dump(mode="json")
 
     if not watch_:
         return listed(session)
@@ -74,9 +76,11 @@ def get_endpoint(
     user: CurrentUser,
     watch_: Annotated[bool, Query(alias="watch")] = False,
 ):
+    """The endpoint, with its live figures over the last 5 minutes and hour (`stats`); `?watch=true` streams
+    its state (SSE, without the figures)."""
     endpoint = _get(session, user, endpoint_id)
     if not watch_:
-        return service.to_public(session, endpoint, user)
+        return service.with_stats(session, [endpoint], user)[0]
 
     def load(s):
         current = service.get(s, user, endpoint_id)
@@ -95,6 +99,24 @@ def endpoint_samples(
     """Latency and throughput of the endpoint's requests (gateway traffic and probes), oldest first."""
     endpoint = _get(session, user, endpoint_id)
     return service.samples(session, endpoint, since=utcnow() - timedelta(minutes=minutes))
+
+
+@router.get("/{endpoint_id}/stats", response_model=EndpointSeries)
+def endpoint_series(
+    endpoint_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    minutes: Annotated[int, Query(ge=1, le=7 * 24 * 60)] = 60,
+    bucket_s: Annotated[int, Query(ge=10, le=24 * 3600)] = 60,
+) -> EndpointSeries:
+    """The live figures per `bucket_s` seconds over the last `minutes` (what the endpoint page charts),
+    oldest first; buckets without a request are left out."""
+    if minutes * 60 // bucket_s > 1000:
+        raise errors.unprocessable(
+            f"{minutes} minutes in buckets of {bucket_s} s is over 1000 buckets", "bucket_s", where="query"
+        )
+    endpoint = _get(session, user, endpoint_id)
+    return stats.series(session, endpoint.id, utcnow(), minutes, bucket_s)
 
 
 @router.post("/{endpoint_id}/stop", response_model=EndpointPublic)

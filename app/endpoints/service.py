@@ -41,9 +41,11 @@ from app.endpoints.models import (
     EndpointPublic,
     EndpointSample,
     EndpointSamplePublic,
+    EndpointStats,
     EndpointStatus,
     Runtime,
 )
+from app.endpoints.stats import stats as live_stats
 from app.pools.models import Pool
 
 MAX_ATTEMPTS = 3
@@ -62,13 +64,19 @@ def cost_usd(session: Session, endpoint: Endpoint) -> float:
     return max(0.0, (end - endpoint.started_at).total_seconds()) / 3600 * pool.chips * pool.price_per_chip_hour
 
 
-def to_public(session: Session, endpoint: Endpoint, viewer: User) -> EndpointPublic:
+def to_public(session: Session, endpoint: Endpoint, viewer: User, stats: EndpointStats | None = None) -> EndpointPublic:
     """The endpoint as ``viewer`` sees it: where its model server listens is for admins only (the others
     call it through the gateway)."""
-    update: dict[str, float | None] = {"cost_usd": round(cost_usd(session, endpoint), 6)}
+    update: dict[str, object] = {"cost_usd": round(cost_usd(session, endpoint), 6), "stats": stats}
     if not viewer.is_admin:
         update["url"] = None
     return EndpointPublic.model_validate(endpoint, update=update)
+
+
+def with_stats(session: Session, endpoints: list[Endpoint], viewer: User) -> list[EndpointPublic]:
+    """The endpoints as ``viewer`` sees them, each with its live figures (one query per window for all)."""
+    figures = live_stats(session, [e.id for e in endpoints], utcnow())
+    return [to_public(session, e, viewer, figures[e.id]) for e in endpoints]
 
 
 def run_costs(session: Session, run_id: str) -> list[tuple[Endpoint, float]]:

@@ -1,5 +1,6 @@
 /* One endpoint, live: its status and phase over /api/v1/endpoints/{id}?watch=true; TTFT (p50, p95) and
- * output tokens/s over the last hour from its samples (gateway traffic and probes), re-read every 3 s;
+ * output tokens/s over the last hour, as the server computes them from its samples (gateway traffic and
+ * probes; GET .../stats and the endpoint's `stats`), re-read every 3 s;
  * and a playground that streams chat replies through the gateway, showing each reply's TTFT and
  * tokens/s as this browser measured them; a benchmark (form, progress, levels, latency/throughput
  * curve); the model server's log tail; Stop and Restart. */
@@ -162,7 +163,7 @@
   }
 
   // ---------- charts ----------
-  const series = { p50: [], p95: [], tps: [], server: [] };
+  const series_ = { p50: [], p95: [], tps: [], server: [] };
   const charts = {};
   const minutesAgo = { x: { title: { display: true, text: "minutes ago" }, ticks: { callback: (v) => (-v).toFixed(0) } } };
   const timeTitle = { tooltip: { callbacks: { title: (items) => (items.length ? (-items[0].parsed.x).toFixed(1) + " min ago" : "") } } };
@@ -172,8 +173,8 @@
     charts.ttft = new window.Chart($("ttft-chart"), {
       type: "line",
       data: { datasets: [
-        R.lineDataset("p50", "#4f46e5", { data: series.p50, pointRadius: 2 }),
-        R.lineDataset("p95", "#d97706", { data: series.p95, pointRadius: 2, borderDash: [5, 4] }),
+        R.lineDataset("p50", "#4f46e5", { data: series_.p50, pointRadius: 2 }),
+        R.lineDataset("p95", "#d97706", { data: series_.p95, pointRadius: 2, borderDash: [5, 4] }),
       ] },
       options: R.lineOptions({ scales: Object.assign({ y: { beginAtZero: true, title: { display: true, text: "ms" } } }, minutesAgo),
         plugins: Object.assign({ legend: { display: true, position: "top", align: "end" } }, timeTitle) }),
@@ -181,18 +182,12 @@
     charts.tps = new window.Chart($("tps-chart"), {
       type: "line",
       data: { datasets: [
-        R.lineDataset("per request", "#16a34a", { data: series.tps, pointRadius: 2, fill: true }),
-        R.lineDataset("server, all requests", "#0891b2", { data: series.server, pointRadius: 2, borderDash: [5, 4] }),
+        R.lineDataset("through Tunedeck (gateway + probes)", "#16a34a", { data: series_.tps, pointRadius: 2, fill: true }),
+        R.lineDataset("server, all requests", "#0891b2", { data: series_.server, pointRadius: 2, borderDash: [5, 4] }),
       ] },
       options: R.lineOptions({ scales: Object.assign({ y: { beginAtZero: true, title: { display: true, text: "tokens / s" } } }, minutesAgo),
         plugins: Object.assign({ legend: { display: true, position: "top", align: "end" } }, timeTitle) }),
     });
-  }
-
-  function quantile(sorted, q) {
-    const i = (sorted.length - 1) * q;
-    const lo = Math.floor(i), hi = Math.ceil(i);
-    return sorted[lo] + (sorted[hi] - sorted[lo]) * (i - lo);
   }
 
   function fill(target, points) {
@@ -200,45 +195,43 @@
     for (const p of points) target.push(p);
   }
 
-  function renderSamples(samples) {
+  const ms = (s) => (1000 * s).toFixed(0) + " ms";
+
+  // The figures come from the server (GET .../stats per bucket, and the endpoint's own `stats`): the
+  // same SQL that the API's clients read, no second computation here.
+  function renderFigures(series, stats) {
     const now = Date.now();
-    const buckets = new Map();
-    for (const s of samples) {
-      const t = window.TD.parseDate(s.at).getTime();
-      const key = Math.floor((now - t) / 1000 / BUCKET_S);
-      if (!buckets.has(key)) buckets.set(key, []);
-      buckets.get(key).push(s);
-    }
-    const keys = [...buckets.keys()].sort((a, b) => b - a);
-    const at = (k) => -((k + 0.5) * BUCKET_S) / 60;
+    const at = (p) => -(now - window.TD.parseDate(p.at).getTime()) / 60000;
     const p50 = [], p95 = [], tps = [], server = [];
-    for (const k of keys) {
-      const group = buckets.get(k);
-      const ttfts = group.filter((s) => s.ttft_s !== null).map((s) => 1000 * s.ttft_s).sort((a, b) => a - b);
-      if (ttfts.length) {
-        p50.push({ x: at(k), y: quantile(ttfts, 0.5) });
-        p95.push({ x: at(k), y: quantile(ttfts, 0.95) });
+    for (const p of series.points) {
+      const all = p.figures.all;
+      if (all.ttft_p50_s !== null) {
+        p50.push({ x: at(p), y: 1000 * all.ttft_p50_s });
+        p95.push({ x: at(p), y: 1000 * all.ttft_p95_s });
       }
-      const rates = group.filter((s) => s.tokens_per_s !== null).map((s) => s.tokens_per_s);
-      if (rates.length) tps.push({ x: at(k), y: rates.reduce((a, b) => a + b, 0) / rates.length });
-      const gen = group.filter((s) => s.generation_tokens_per_s !== null).map((s) => s.generation_tokens_per_s);
-      if (gen.length) server.push({ x: at(k), y: gen.reduce((a, b) => a + b, 0) / gen.length });
+      tps.push({ x: at(p), y: all.output_tokens_per_s });
+      if (all.server_tokens_per_s !== null) server.push({ x: at(p), y: all.server_tokens_per_s });
     }
-    fill(series.p50, p50); fill(series.p95, p95); fill(series.tps, tps); fill(series.server, server);
+    fill(series_.p50, p50); fill(series_.p95, p95); fill(series_.tps, tps); fill(series_.server, server);
     for (const c of Object.values(charts)) c.update("none");
     $("ttft-empty").hidden = p50.length > 0;
     $("tps-empty").hidden = tps.length > 0 || server.length > 0;
-    const all = samples.filter((s) => s.ttft_s !== null).map((s) => 1000 * s.ttft_s).sort((a, b) => a - b);
-    $("ttft-summary").textContent = all.length
-      ? "p50 " + quantile(all, 0.5).toFixed(0) + " ms · p95 " + quantile(all, 0.95).toFixed(0) + " ms · " + all.length + " requests"
+    const hour = stats.last_1h.all, recent = stats.last_5m.all;
+    $("ttft-summary").textContent = hour.ttft_p50_s !== null
+      ? "last hour: p50 " + ms(hour.ttft_p50_s) + " · p95 " + ms(hour.ttft_p95_s) + " · " + hour.requests + " requests" +
+        (hour.errors ? " · " + hour.errors + " errors" : "")
       : "";
-    $("tps-summary").textContent = tps.length ? "latest " + tps[tps.length - 1].y.toFixed(0) + " tokens/s" : "";
+    $("tps-summary").textContent = recent.requests
+      ? "last 5 min: " + recent.output_tokens_per_s.toFixed(1) + " tokens/s" +
+        (recent.itl_p50_s !== null ? " · ITL p50 " + ms(recent.itl_p50_s) : "")
+      : "";
   }
 
   async function refreshSamples() {
     try {
-      renderSamples(await api(base + "/samples?minutes=60"));
-      render(await api(base));  // its cost grows while it runs
+      const [series, current] = await Promise.all([api(base + "/stats?minutes=60&bucket_s=" + BUCKET_S), api(base)]);
+      renderFigures(series, current.stats);
+      render(current);  // its cost grows while it runs
     } catch (_) { /* the next refresh tries again */ }
     if (ACTIVE.includes(endpoint.status)) setTimeout(refreshSamples, 3000);
   }

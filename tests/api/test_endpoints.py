@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlparse
 
 import httpx
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from openai import AuthenticationError, NotFoundError, OpenAI
 from sqlmodel import Session
 
-from app.endpoints.models import EndpointStatus, Runtime
+from app.endpoints.models import EndpointSample, EndpointStatus, Runtime
 from app.models import Endpoint  # with every table, so that the row's foreign keys resolve
 from tests.conftest import login, make_user
 from tests.serve.test_model_server import metric
@@ -234,6 +235,94 @@ def test_only_admins_see_where_a_model_server_listens(server, api, artifact):
     page = login(server, username, password).get(f"/endpoints/{endpoint_id}")
     assert page.status_code == 200 and endpoint_id in page.text and "10.7.0.3" not in page.text
     assert member.delete(f"/api/v1/endpoints/{endpoint_id}").status_code == 204
+
+
+def test_live_figures_are_computed_from_the_samples(server, api, artifact):
+    """`stats` on GET /endpoints/{id} (and the list with ?stats=true), and the bucketed series the page
+    charts, against figures worked out by hand from samples written to the database."""
+    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
+    now = datetime.now(UTC)
+    ago = lambda seconds: now - timedelta(seconds=seconds)  # noqa: E731
+    with Session(engine) as s:
+        row = Endpoint(
+            id=f"ep-stats-{int(now.timestamp() * 1000) % 10**8}",
+            owner_id=api.get("/api/v1/users/me").json()["id"],
+            artifact_id=artifact["id"],
+            model=artifact["name"],
+            pool="cpu",
+            runtime=Runtime.local,
+            status=EndpointStatus.stopped,
+            settings={"max_model_len": 256, "max_num_seqs": 4},
+        )
+        s.add(row)
+        s.commit()
+        endpoint_id = row.id
+        sample = lambda at, source, ttft, duration, tokens, code=200, **kw: EndpointSample(  # noqa: E731
+            endpoint_id=endpoint_id, at=at, source=source, ttft_s=ttft, duration_s=duration,
+            output_tokens=tokens, status_code=code, **kw,
+        )  # fmt: skip
+        s.add_all(
+            [
+                # the last 5 minutes: 4 probes, 2 gateway requests and a gateway error
+                sample(ago(10), "probe", 0.1, 1.1, 11, generation_tokens_per_s=40.0),
+                sample(ago(20), "probe", 0.4, 0.4, 1, generation_tokens_per_s=60.0),
+                sample(ago(30), "probe", 0.3, 2.3, 5),
+                sample(ago(40), "probe", 0.2, 1.2, 3),
+                sample(ago(50), "gateway", 2.0, 4.0, 21),
+                sample(ago(60), "gateway", 1.0, 1.5, 6),
+                sample(ago(70), "gateway", None, 0.5, 0, code=502, error="upstream broke off"),
+                # only in the last hour
+                sample(ago(1800), "probe", 1.0, 1.9, 10),
+                # in neither
+                sample(ago(7200), "probe", 9.0, 9.0, 1),
+            ]
+        )
+        s.commit()
+    engine.dispose()
+
+    stats = api.get(f"/api/v1/endpoints/{endpoint_id}").json()["stats"]
+    five, hour = stats["last_5m"], stats["last_1h"]
+    # TTFT: probes 0.1 0.2 0.3 0.4 -> p50 halfway between 0.2 and 0.3; p95 at rank 0.95 x 3 = 2.85
+    assert five["probe"]["ttft_p50_s"] == pytest.approx(0.25)
+    assert five["probe"]["ttft_p95_s"] == pytest.approx(0.3 + 0.85 * 0.1)
+    # ITL: (1.1 - 0.1) / 10 = 0.1, (2.3 - 0.3) / 4 = 0.5, (1.2 - 0.2) / 2 = 0.5; one token has none
+    assert five["probe"]["itl_p50_s"] == pytest.approx(0.5)
+    assert (five["probe"]["requests"], five["probe"]["errors"], five["probe"]["output_tokens"]) == (4, 0, 20)
+    assert five["probe"]["output_tokens_per_s"] == pytest.approx(20 / 300)
+    assert five["probe"]["server_tokens_per_s"] == pytest.approx(50.0)
+    # gateway: TTFT 1.0 and 2.0; ITL 0.1 and 0.1; the error is counted, has no TTFT
+    assert five["gateway"]["ttft_p50_s"] == pytest.approx(1.5)
+    assert five["gateway"]["ttft_p95_s"] == pytest.approx(1.95)
+    assert five["gateway"]["itl_p50_s"] == pytest.approx(0.1)
+    assert (five["gateway"]["requests"], five["gateway"]["errors"]) == (3, 1)
+    assert five["gateway"]["server_tokens_per_s"] is None
+    # all: TTFT 0.1 0.2 0.3 0.4 1.0 2.0 -> p50 at rank 2.5 (0.35), p95 at rank 4.75 (1.0 + 0.75 x 1.0)
+    assert five["all"]["ttft_p50_s"] == pytest.approx(0.35)
+    assert five["all"]["ttft_p95_s"] == pytest.approx(1.75)
+    assert (five["all"]["requests"], five["all"]["errors"], five["all"]["output_tokens"]) == (7, 1, 47)
+    # the hour adds the probe at 30 minutes: TTFT 0.1 0.2 0.3 0.4 1.0 -> p50 0.3; ITL 0.1 0.5 0.5 0.1 -> 0.3
+    assert hour["probe"]["ttft_p50_s"] == pytest.approx(0.3)
+    assert hour["probe"]["itl_p50_s"] == pytest.approx(0.3)
+    assert hour["all"]["requests"] == 8 and hour["all"]["output_tokens_per_s"] == pytest.approx(57 / 3600)
+
+    listed = {e["id"]: e for e in api.get("/api/v1/endpoints", params={"stats": "true"}).json()["data"]}
+    assert listed[endpoint_id]["stats"] == stats
+    assert all(e["stats"] is None for e in api.get("/api/v1/endpoints").json()["data"])
+
+    # The page's charts: 10-minute buckets of the last hour, oldest first; the newest holds the 7 recent
+    # samples (as last_5m), the one at 30 minutes is alone in its bucket.
+    series = api.get(f"/api/v1/endpoints/{endpoint_id}/stats", params={"minutes": 60, "bucket_s": 600}).json()
+    *older, newest = series["points"]
+    assert newest["figures"]["all"]["requests"] == 7 and newest["figures"]["probe"] == {
+        **five["probe"],
+        "output_tokens_per_s": pytest.approx(20 / 600),
+    }
+    assert [p["figures"]["all"]["requests"] for p in older] == [1]
+    assert older[0]["figures"]["probe"]["ttft_p50_s"] == pytest.approx(1.0)
+    assert datetime.fromisoformat(older[0]["at"]) < datetime.fromisoformat(newest["at"])
+    r = api.get(f"/api/v1/endpoints/{endpoint_id}/stats", params={"minutes": 10080, "bucket_s": 60})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "bucket_s"]
+    assert api.delete(f"/api/v1/endpoints/{endpoint_id}").status_code == 204
 
 
 def test_bad_deploy_requests_are_named(api, artifact):

@@ -411,6 +411,15 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
         )
     expect(page.locator("#ttft-empty")).to_be_hidden()
     expect(page.locator("#ttft-summary")).to_contain_text("p50")
+    expect(page.locator("#tps-summary")).to_contain_text("tokens/s")
+    endpoint_id = page.url.rsplit("/", 1)[-1]
+
+    def summary_is_the_apis():  # the page shows the API's figures (it refreshes every 3 s; probes add requests)
+        hour = client.get(f"/api/v1/endpoints/{endpoint_id}").json()["stats"]["last_1h"]["all"]
+        shown = page.locator("#ttft-summary").text_content() or ""
+        return f"p50 {1000 * hour['ttft_p50_s']:.0f} ms" in shown and f"{hour['requests']} requests" in shown
+
+    server.wait_for(summary_is_the_apis, timeout=30, interval=0.5, what="the page's TTFT summary to be the API's")
     expect(page.locator("#endpoint-log")).to_contain_text("tunedeck-phase: compiling")  # the server's output
     expect(page.locator("#restart-button")).to_be_disabled()
 
