@@ -1,9 +1,13 @@
 """Running a benchmark (the `tunedeck.benchmarks.run` task, on the endpoint's pool): load sent straight
 to the endpoint's model server from its host, level by level, measured as `vllm bench serve` measures:
 
-- TTFT: request sent -> first streamed chunk with text; ITL: the gaps between chunks with text;
+- TTFT: request sent -> the first streamed chunk with choices, text or not; ITL: the gaps between
+  such chunks (``measure`` has vLLM's request functions' exact rules);
 - TPOT: (E2E - TTFT) / (output tokens - 1) per request; E2E latency: sent -> last chunk;
-- request and output-token throughput: completed requests and output tokens / the level's duration.
+- request and output-token throughput: completed requests and output tokens / the level's duration;
+  goodput: completed requests within the SLOs given (``goodput``) per second;
+- mean, median, standard deviation, and the ``metric_percentiles`` of the ``percentile_metrics``
+  (``--percentile-metrics``, ``--metric-percentiles``: by default the p99 of TTFT, TPOT and ITL).
 
 Its client is aiohttp's, as vLLM's: at 16 streams and more, httpx's own time per chunk adds
 milliseconds to what the client sees.
@@ -49,6 +53,7 @@ from worker.probe import auth
 PROGRESS_EVERY_S = 0.5
 STOP_POLL_S = 0.1  # how soon the load stops once it is seen
 MAX_ERRORS = 3
+DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vllm bench serve's --percentile-metrics default
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +114,9 @@ def _run(session, benchmark, stop: threading.Event) -> None:
                 on_request=progress,
                 stop=stop,
                 headers=auth(endpoint.api_key),
+                percentile_metrics=tuple(config.get("percentile_metrics", DEFAULT_PERCENTILE_METRICS)),
+                metric_percentiles=tuple(config.get("metric_percentiles", (99.0,))),
+                goodput=config.get("goodput"),
             )
         )
         done += len(prompts)
@@ -161,6 +169,9 @@ async def run_level(
     on_request: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
     stop: threading.Event | None = None,
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS,
+    metric_percentiles: tuple[float, ...] = (99.0,),
+    goodput: dict[str, float] | None = None,
 ) -> dict:
     """Send every prompt once, at most ``concurrency`` in flight, arriving at ``request_rate`` per
     second (Poisson) when given, else all at once; the level's results. When ``stop`` is set, no more
@@ -201,7 +212,15 @@ async def run_level(
             await asyncio.wait({sending}, timeout=STOP_POLL_S)
         results = await sending
         duration = time.perf_counter() - started
-    return summarize(results, duration, concurrency=None if request_rate else concurrency, request_rate=request_rate)
+    return summarize(
+        results,
+        duration,
+        concurrency=None if request_rate else concurrency,
+        request_rate=request_rate,
+        percentile_metrics=percentile_metrics,
+        metric_percentiles=metric_percentiles,
+        goodput=goodput,
+    )
 
 
 async def _request(client: aiohttp.ClientSession, url: str, model: str, body: dict, output_len: int) -> dict:
@@ -215,54 +234,121 @@ async def _request(client: aiohttp.ClientSession, url: str, model: str, body: di
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    sent = time.perf_counter()
-    chunks: list[float] = []  # when each chunk with text came
-    last = sent  # when the last chunk with a choice came (its finish reason may carry no text)
-    usage = None
+    events: list[tuple[float, dict]] = []  # each data message but [DONE], with when it came
     path = "chat/completions" if chat else "completions"
+    sent = time.perf_counter()
     try:
         async with client.post(f"{url}/v1/{path}", json=payload) as r:
             if r.status != 200:
                 text = (await r.read()).decode(errors="replace")
                 return {"error": f"HTTP {r.status}: {text[:200]}"}
             async for line in r.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                chunk = orjson.loads(line[6:])
-                if choices := chunk.get("choices"):
-                    last = time.perf_counter()
-                    if choices[0].get("text") or (choices[0].get("delta") or {}).get("content"):
-                        chunks.append(last)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, SSE comments and other fields
+                data = line[5:].strip()
+                if data != b"[DONE]":
+                    events.append((time.perf_counter(), orjson.loads(data)))
     except aiohttp.ClientError as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-    if not chunks:
-        return {"error": "the reply had no tokens"}
-    output = usage["completion_tokens"] if usage else len(chunks)
-    ttft, e2el = chunks[0] - sent, last - sent
+    return measure(sent, events, chat=chat)
+
+
+def measure(sent: float, events: list[tuple[float, dict]], *, chat: bool) -> dict:
+    """One request's figures from its streamed messages ``(arrival, parsed JSON)``, as vLLM's request
+    functions (``vllm/benchmarks/lib/endpoint_request_func.py``) take them:
+
+    - every message with a non-empty ``choices`` counts, text or not (a chat's first chunk carries only
+      the role; a special token's chunk has empty text): the first gives TTFT, each later one an ITL gap
+      from the message before;
+    - the latency (E2E) runs to the last message with choices for completions, and to the last message
+      of any kind (the usage chunk included) for chat;
+    - a completion with no message with choices failed; a chat that had none is still counted, with a
+      TTFT of 0 (vLLM's chat function does the same);
+    - output tokens: ``usage.completion_tokens``. Both servers send usage here (``include_usage``);
+      where one does not, vLLM's client tokenizes the reply, and this counts its messages with choices.
+    """
+    ttft: float | None = None
+    itl: list[float] = []
+    recent = sent
+    chunks = 0
+    output = 0
+    for at, message in events:
+        if message.get("choices"):
+            chunks += 1
+            if ttft is None:
+                ttft = at - sent
+            else:
+                itl.append(at - recent)
+            if not chat:
+                recent = at
+        elif usage := message.get("usage"):
+            output = usage.get("completion_tokens") or 0
+        if chat:
+            recent = at
+    if ttft is None:
+        if not chat:
+            return {"error": "never received a chunk with choices (no TTFT)"}
+        ttft = 0.0
+    output = output or chunks
+    e2el = recent - sent
+    usage_in = next((m["usage"].get("prompt_tokens") or 0 for _, m in reversed(events) if m.get("usage")), 0)
     return {
         "ttft": ttft,
         "e2el": e2el,
-        "itl": list(np.diff(chunks)),
+        "itl": itl,
         "tpot": (e2el - ttft) / (output - 1) if output > 1 else None,
-        "input_tokens": usage["prompt_tokens"] if usage else 0,
+        "input_tokens": usage_in,
         "output_tokens": output,
     }
 
 
-def _stat(values: list[float]) -> dict:
+def _stat(values: list[float], percentiles: list[float] | None) -> dict:
+    """Mean, median and standard deviation (ms), and the ``percentiles`` (numpy's linear interpolation,
+    keyed as vLLM's result keys them: ``p99``, ``p99.9``); None where there are no values. No
+    percentiles where the metric is not one of the level's ``percentile_metrics``."""
     if not values:
-        return {"mean": None, "median": None, "p99": None}
+        return {"mean": None, "median": None, "std": None, "percentiles": {}}
     ms = np.asarray(values, dtype=np.float64) * 1000
-    return {"mean": float(ms.mean()), "median": float(np.median(ms)), "p99": float(np.percentile(ms, 99))}
+    return {
+        "mean": float(ms.mean()),
+        "median": float(np.median(ms)),
+        "std": float(ms.std()),
+        "percentiles": {percentile_key(p): float(np.percentile(ms, p)) for p in percentiles or []},
+    }
 
 
-def summarize(results: list[dict], duration: float, *, concurrency: int | None, request_rate: float | None) -> dict:
+def percentile_key(p: float) -> str:
+    return "p" + (str(int(p)) if int(p) == p else str(p))
+
+
+def summarize(
+    results: list[dict],
+    duration: float,
+    *,
+    concurrency: int | None,
+    request_rate: float | None,
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS,
+    metric_percentiles: tuple[float, ...] = (99.0,),
+    goodput: dict[str, float] | None = None,
+) -> dict:
+    """The level's figures over its requests, as vLLM's ``calculate_metrics`` makes them: TPOT over the
+    requests with more than one output token; ITL over every gap of every request; goodput: completed
+    requests within every SLO (``goodput``: ms for ``ttft``, ``tpot``, ``e2el``; a request of one token
+    has a TPOT of 0 there) per second."""
     ok = [r for r in results if "error" not in r]
     errors = [r["error"] for r in results if "error" in r]
     input_tokens = sum(r["input_tokens"] for r in ok)
     output_tokens = sum(r["output_tokens"] for r in ok)
+    values = {
+        "ttft": [r["ttft"] for r in ok],
+        "tpot": [r["tpot"] for r in ok if r["tpot"] is not None],
+        "itl": [gap for r in ok for gap in r["itl"]],
+        "e2el": [r["e2el"] for r in ok],
+    }
+    good = None
+    if goodput:
+        per_request = {"ttft": lambda r: r["ttft"], "tpot": lambda r: r["tpot"] or 0.0, "e2el": lambda r: r["e2el"]}
+        good = sum(all(slo / 1000 >= per_request[k](r) for k, slo in goodput.items()) for r in ok)
     return {
         "concurrency": concurrency,
         "request_rate": request_rate,
@@ -273,10 +359,11 @@ def summarize(results: list[dict], duration: float, *, concurrency: int | None, 
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "request_throughput": len(ok) / duration,
+        "request_goodput": None if good is None else good / duration,
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
-        "ttft_ms": _stat([r["ttft"] for r in ok]),
-        "tpot_ms": _stat([r["tpot"] for r in ok if r["tpot"] is not None]),
-        "itl_ms": _stat([gap for r in ok for gap in r["itl"]]),
-        "e2el_ms": _stat([r["e2el"] for r in ok]),
+        **{
+            f"{name}_ms": _stat(v, list(metric_percentiles) if name in percentile_metrics else None)
+            for name, v in values.items()
+        },
     }

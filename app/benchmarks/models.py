@@ -44,6 +44,39 @@ class BenchmarkConfig(Schema):
         default=None, max_length=ID_LENGTH, description="prompts from this dataset's conversations, not random"
     )
     seed: int = Field(default=0, ge=0, le=INT32_MAX)
+    percentile_metrics: list[Literal["ttft", "tpot", "itl", "e2el"]] = Field(
+        default=["ttft", "tpot", "itl"],
+        description="the metrics to report percentiles of (vLLM's --percentile-metrics)",
+    )
+    metric_percentiles: list[float] = Field(
+        default=[99.0], description="the percentiles to report, e.g. [50, 90, 99] (vLLM's --metric-percentiles)"
+    )
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = Field(
+        default=None,
+        description='SLOs in ms, e.g. {"ttft": 500, "tpot": 50}: each level\'s request_goodput counts the completed '
+        "requests within all of them per second (vLLM's --goodput ttft:500 tpot:50)",
+    )
+
+    @field_validator("percentile_metrics")
+    @classmethod
+    def _percentile_metrics(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("give at least one of ttft, tpot, itl, e2el")
+        return list(dict.fromkeys(v))
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _metric_percentiles(cls, v: list[float]) -> list[float]:
+        if not 1 <= len(v) <= 10 or any(not 0 < p < 100 for p in v):
+            raise ValueError("give 1 to 10 percentiles, each above 0 and below 100")
+        return sorted(set(v))
+
+    @field_validator("goodput")
+    @classmethod
+    def _goodput(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and (not v or any(not 0 <= ms <= 3_600_000 for ms in v.values())):
+            raise ValueError("give SLOs for some of ttft, tpot, e2el, each from 0 to 3600000 ms")
+        return v
 
     @field_validator("concurrency")
     @classmethod
@@ -106,7 +139,19 @@ class Benchmark(SQLModel, table=True):
 class Stat(SQLModel):
     mean: float | None
     median: float | None
-    p99: float | None
+    std: float | None = None
+    percentiles: dict[str, float] = Field(
+        default_factory=dict, description="by percentile (p99, p99.9): for the benchmark's percentile_metrics"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_percentiles(cls, data: Any) -> Any:
+        """Levels stored before the percentiles were chosen have their p99 on its own."""
+        if isinstance(data, dict) and "p99" in data and "percentiles" not in data:
+            p99 = data.get("p99")
+            data = {**data, "percentiles": {} if p99 is None else {"p99": p99}}
+        return data
 
 
 class BenchmarkLevel(SQLModel):
@@ -121,11 +166,12 @@ class BenchmarkLevel(SQLModel):
     input_tokens: int
     output_tokens: int
     request_throughput: float  # completed requests per second
+    request_goodput: float | None = None  # completed requests within the benchmark's goodput SLOs per second
     output_throughput: float  # output tokens per second
     total_token_throughput: float  # input + output tokens per second
-    ttft_ms: Stat  # request sent -> first chunk with text
+    ttft_ms: Stat  # request sent -> first chunk with choices (text or not)
     tpot_ms: Stat  # (E2E - TTFT) / (output tokens - 1), per request
-    itl_ms: Stat  # gaps between chunks, over all requests
+    itl_ms: Stat  # gaps between chunks with choices, over all requests
     e2el_ms: Stat  # request sent -> last chunk
     usd_per_million_output_tokens: float | None  # the pool's chip-hours at this output throughput
 

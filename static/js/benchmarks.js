@@ -17,26 +17,36 @@
     return b.model + " @ " + b.pool + " · " + b.id.slice(0, 9);
   }
 
+  /** The tail percentile a benchmark reports (the highest of its metric_percentiles; p99 by default). */
+  function tail(b) {
+    const ps = (b.config && b.config.metric_percentiles) || [99];
+    return "p" + String(Math.max(...ps));
+  }
+
   /** The levels of one benchmark as table rows. */
   function levelRows(b) {
+    const p = tail(b);
+    const pct = (stat) => ms(stat.median) + " / " + ms(stat.percentiles ? stat.percentiles[p] : null);
     return b.results.map((l) => el("tr", {},
       el("td", { className: "mono" }, levelLabel(l)),
       el("td", { className: "num" }, l.completed + (l.failed ? " (" + l.failed + " failed)" : "")),
       el("td", { className: "num" }, num(l.request_throughput, 2)),
+      ...(b.config.goodput ? [el("td", { className: "num" }, num(l.request_goodput, 2))] : []),
       el("td", { className: "num" }, num(l.output_throughput, 1)),
-      el("td", { className: "num" }, ms(l.ttft_ms.median) + " / " + ms(l.ttft_ms.p99)),
-      el("td", { className: "num" }, ms(l.tpot_ms.median) + " / " + ms(l.tpot_ms.p99)),
-      el("td", { className: "num" }, ms(l.itl_ms.median)),
-      el("td", { className: "num" }, ms(l.e2el_ms.median)),
+      el("td", { className: "num" }, pct(l.ttft_ms)),
+      el("td", { className: "num" }, pct(l.tpot_ms)),
+      el("td", { className: "num" }, pct(l.itl_ms)),
+      el("td", { className: "num" }, pct(l.e2el_ms)),
       el("td", { className: "num" }, R.fmtUSD(l.usd_per_million_output_tokens)),
     ));
   }
 
-  const LEVEL_HEAD = ["Level", "Done", "req/s", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms", "ITL p50 ms", "E2E p50 ms", "$ / M out tok"];
-
   function levelTable(b) {
+    const p = tail(b);
+    const head = ["Level", "Done", "req/s", ...(b.config.goodput ? ["goodput req/s"] : []), "out tok/s",
+      "TTFT p50 / " + p + " ms", "TPOT p50 / " + p + " ms", "ITL p50 / " + p + " ms", "E2E p50 / " + p + " ms", "$ / M out tok"];
     return el("table", { className: "table compact bench-table" },
-      el("thead", {}, el("tr", {}, LEVEL_HEAD.map((h, i) => el("th", { className: i ? "num" : "" }, h)))),
+      el("thead", {}, el("tr", {}, head.map((h, i) => el("th", { className: i ? "num" : "" }, h)))),
       el("tbody", {}, levelRows(b)));
   }
 
@@ -84,7 +94,8 @@
     const levels = c.mode === "rate" ? c.request_rates.map((r) => r + "/s").join(", ") + (c.max_concurrency ? " (≤ " + c.max_concurrency + " in flight)" : "")
       : "concurrency " + c.concurrency.join(", ");
     const prompts = c.dataset_id ? "prompts of " + c.dataset_id : c.input_len + " tokens in";
-    return levels + " · " + c.num_prompts + " requests each · " + prompts + " · " + c.output_len + " tokens out";
+    const slo = c.goodput ? " · goodput SLO " + Object.entries(c.goodput).map(([k, v]) => k + " ≤ " + v + " ms").join(", ") : "";
+    return levels + " · " + c.num_prompts + " requests each · " + prompts + " · " + c.output_len + " tokens out" + slo;
   }
 
   window.TDBench = { levelTable, curveChart, setCurves, summary, label, levelLabel };

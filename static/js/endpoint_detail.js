@@ -129,6 +129,10 @@
     } else {
       body.concurrency = levels;
     }
+    const slo = {};
+    if ($("bench-slo-ttft").value) slo.ttft = Number($("bench-slo-ttft").value);
+    if ($("bench-slo-tpot").value) slo.tpot = Number($("bench-slo-tpot").value);
+    if (Object.keys(slo).length) body.goodput = slo;
     $("bench-run").disabled = true;
     try {
       const b = await api("/api/v1/benchmarks", { method: "POST", json: body });

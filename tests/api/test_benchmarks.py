@@ -43,7 +43,15 @@ def assert_refused(api, body: dict, field: str, text: str, code: int = 422) -> N
 def test_a_concurrency_sweep_measures_latency_and_throughput(server, api, endpoint):
     api.patch("/api/v1/pools/cpu", json={"price_per_chip_hour": 1.5})
     try:
-        r = api.post("/api/v1/benchmarks", json={"endpoint_id": endpoint["id"], "concurrency": [4, 1], **LOAD})
+        body = {
+            "endpoint_id": endpoint["id"],
+            "concurrency": [4, 1],
+            "percentile_metrics": ["ttft", "tpot", "itl", "e2el"],
+            "metric_percentiles": [99, 50],
+            "goodput": {"ttft": 600_000, "tpot": 600_000},  # every request is within: the goodput is the throughput
+            **LOAD,
+        }
+        r = api.post("/api/v1/benchmarks", json=body)
     finally:
         api.patch("/api/v1/pools/cpu", json={"price_per_chip_hour": 0.0})
     assert r.status_code == 201, r.text
@@ -63,9 +71,10 @@ def test_a_concurrency_sweep_measures_latency_and_throughput(server, api, endpoi
         assert level["request_throughput"] == pytest.approx(8 / duration)
         assert level["output_throughput"] == pytest.approx(64 / duration)
         assert level["total_token_throughput"] == pytest.approx((level["input_tokens"] + 64) / duration)
+        assert level["request_goodput"] == pytest.approx(level["request_throughput"])
         for stat in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
             s = level[stat]
-            assert 0 < s["median"] <= s["p99"] and s["mean"] > 0, (stat, s)
+            assert 0 < s["median"] == s["percentiles"]["p50"] <= s["percentiles"]["p99"] and s["mean"] > 0, (stat, s)
         assert level["ttft_ms"]["mean"] < level["e2el_ms"]["mean"] <= duration * 1000
         # the cpu pool at 1.5 USD per chip-hour, one chip, at this output throughput
         assert level["usd_per_million_output_tokens"] == pytest.approx(1.5 / (level["output_throughput"] * 3600) * 1e6)
@@ -103,6 +112,11 @@ def test_bad_benchmarks_are_named_and_a_benchmark_can_be_deleted(server, api, en
     refused({"concurrency": [0, 4]}, "concurrency", "each from 1 to 4096")
     refused({"mode": "rate", "request_rates": [-1]}, "request_rates", "above 0")
     refused({"num_prompts": 0}, "num_prompts", "greater than or equal to 1")
+    refused({"metric_percentiles": [99, 100]}, "metric_percentiles", "above 0 and below 100")
+    refused({"percentile_metrics": []}, "percentile_metrics", "at least one of ttft")
+    refused({"goodput": {"ttft": -1}}, "goodput", "from 0 to 3600000 ms")
+    r = api.post("/api/v1/benchmarks", json={"endpoint_id": endpoint["id"], "goodput": {"itl": 5}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == ["body", "goodput", "itl"], r.text
     refused({"dataset_id": "ds-nope"}, "dataset_id", "unknown dataset 'ds-nope'")
     refused({"endpoint_id": "ep-nope"}, "endpoint_id", "unknown endpoint 'ep-nope'")
 

@@ -204,10 +204,11 @@ class Generation:
             self.first_at = time.perf_counter()
             self.server.metrics.ttft.observe(self.first_at - self.request.arrival)
 
-    async def deltas(self):
+    async def deltas(self, announce: bool = False):
         """The reply as it grows: ``("reasoning" | "content", text)`` pieces. A stop string ends the
         content before the string; text that could be the start of a stop string is held back until the
-        next tokens tell (as vLLM does)."""
+        next tokens tell (as vLLM does). ``announce``: a ``("start", "")`` first, once the first token is
+        out (when vLLM's chat stream sends its role chunk)."""
         engine = self.server.engine
         hold = max((len(s) for s in self.stops), default=1) - 1
         self.server.metrics.prompt_tokens.inc(self.prompt_tokens)
@@ -215,7 +216,10 @@ class Generation:
         full = ""
         try:
             while self.finish_reason is None:
-                token, finish = await self.queue.get()
+                item = await self.queue.get()
+                if announce and item[0] is not None and self.first_token_at is None:
+                    yield "start", ""
+                token, finish = item
                 if finish is not None:
                     if token is not None:  # the end token: counted, not shown
                         self._timing()
@@ -423,11 +427,17 @@ def create_app(
 
             async def events():
                 head = {"id": rid, "object": chunk_obj, "created": created, "model": server.name}
-                if chat:
-                    yield _sse({**head, "choices": [choice("", None, first=True)]})
-                async for kind, delta in gen.deltas():
+                role = _sse({**head, "choices": [choice("", None, first=True)]})
+                announced = not chat  # a completion has no role chunk
+                async for kind, delta in gen.deltas(announce=chat):
+                    if kind == "start":  # the role, with the first token (as vLLM's first engine output)
+                        yield role
+                        announced = True
+                        continue
                     yield _sse({**head, "choices": [choice(delta, None, kind=kind)]})
                     gen.first_sent()  # resumed: the chunk was written
+                if not announced:  # no token came (the client has the role all the same)
+                    yield role
                 yield _sse({**head, "choices": [choice(None, gen.finish_reason)]})
                 if usage:
                     yield _sse({**head, "choices": [], "usage": gen.usage})
