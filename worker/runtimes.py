@@ -172,7 +172,10 @@ def container_spec(
     else:
         volumes[model_dir] = {"bind": mounted, "mode": "ro"}
         args = [mounted, "--served-model-name", endpoint.model]
-    args += ["--tensor-parallel-size", str(pool.chips)]
+    replicas = int(endpoint.settings.get("data_parallel_size") or 1)  # vLLM: dp replicas of tp chips each
+    args += ["--tensor-parallel-size", str(pool.chips // replicas)]
+    if replicas > 1:
+        args += ["--data-parallel-size", str(replicas)]
     args += ["--max-model-len", str(endpoint.settings["max_model_len"])]
     args += ["--max-num-seqs", str(endpoint.settings["max_num_seqs"])]
     args += ["--host", host, "--port", str(port)]

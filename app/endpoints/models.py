@@ -143,6 +143,13 @@ class EndpointCreate(Schema):
     pool: str = Field(default="cpu", max_length=NAME_LENGTH)
     max_model_len: int = Field(default=1024, ge=16, le=1_048_576)
     max_num_seqs: int = Field(default=16, ge=1, le=1024)
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="vLLM pools: this many replicas of the model, each over the pool's chips / this many by tensor "
+        "parallelism (vLLM's --data-parallel-size); 1 on the built-in server",
+    )
 
 
 class EndpointReplace(Schema):

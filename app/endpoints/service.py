@@ -28,6 +28,7 @@ from sqlmodel import Session, col, func, select
 from app.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from app.auth import service as users
 from app.auth.models import User
+from app.base_models import service as base_models
 from app.core import queue
 from app.core.config import get_settings
 from app.core.db import claim, owned, owned_page, utcnow
@@ -47,6 +48,8 @@ from app.endpoints.models import (
 )
 from app.endpoints.stats import stats as live_stats
 from app.pools.models import Pool
+from app.runs import estimate
+from app.runs.models import Run
 
 MAX_ATTEMPTS = 3
 
@@ -132,11 +135,66 @@ def _deployable(session: Session, owner: User, artifact_id: str, pool_name: str)
 
 def create(session: Session, owner: User, data: EndpointCreate) -> Endpoint:
     artifact, pool = _deployable(session, owner, data.artifact_id, data.pool)
+    _check_parallelism(session, artifact, pool, data.data_parallel_size)
     queue.check_broker()
     assert owner.id is not None, "the owner is a saved user"
     _check_limit(session, owner.id)
-    settings = {"max_model_len": data.max_model_len, "max_num_seqs": data.max_num_seqs}
+    settings = {
+        "max_model_len": data.max_model_len,
+        "max_num_seqs": data.max_num_seqs,
+        "data_parallel_size": data.data_parallel_size,
+    }
     return _deploy(session, owner.id, artifact, pool, artifact.name, settings)
+
+
+def weights_bytes(session: Session, artifact: Artifact) -> int:
+    """The bytes of weights a model server of the artifact holds: a merged artifact's safetensors files;
+    an adapter's base, at 2 bytes (bfloat16) per parameter of its preset."""
+    if artifact.kind == ArtifactKind.merged:
+        return sum(int(f.get("size") or 0) for f in artifact.files if str(f.get("path", "")).endswith(".safetensors"))
+    run = session.get_one(Run, artifact.run_id)
+    return 2 * base_models.resolve(session, run.base_model)[0].arch.params()
+
+
+def replica_problem(weights: int, pool: Pool, data_parallel_size: int) -> str | None:
+    """Why ``data_parallel_size`` replicas of a model of ``weights`` bytes do not fit the pool's chips (each
+    replica over chips / data_parallel_size of them by tensor parallelism, as vLLM lays them out), or
+    None. A replica's weights must fit the chips' usable memory (the estimate's share: the rest of it
+    goes to XLA's own buffers), before any KV cache."""
+    if pool.chips % data_parallel_size:
+        divisors = [d for d in range(1, pool.chips + 1) if pool.chips % d == 0]
+        shown = ", ".join(map(str, divisors))
+        return f"pool {pool.name} has {pool.chips} chips: data_parallel_size must divide them ({shown})"
+    tp = pool.chips // data_parallel_size
+    chip = estimate.ACCELERATORS.get(pool.accelerator)
+    if chip is None:
+        return None
+    usable = estimate.USABLE * chip[0]
+    if weights / tp <= usable:
+        return None
+    most = max(
+        (d for d in range(1, pool.chips + 1) if pool.chips % d == 0 and weights / (pool.chips // d) <= usable),
+        default=0,
+    )
+    return (
+        f"a replica over {tp} {pool.accelerator} chip(s) holds {weights / tp / estimate.GiB:.1f} GiB of weights "
+        "per chip, "
+        f"over the {usable / estimate.GiB:.1f} GiB usable of a chip's {chip[0] / estimate.GiB:.2f} GiB: "
+        + (f"use data_parallel_size {most} or less" if most else f"the model does not fit pool {pool.name}")
+    )
+
+
+def _check_parallelism(session: Session, artifact: Artifact, pool: Pool, data_parallel_size: int) -> None:
+    if runtime_for(pool) == Runtime.local:
+        if data_parallel_size != 1:
+            raise EndpointError(
+                "data_parallel_size",
+                f"pool {pool.name!r} runs the built-in model server: one replica (data_parallel_size 1)",
+            )
+        return
+    problem = replica_problem(weights_bytes(session, artifact), pool, data_parallel_size)
+    if problem is not None:
+        raise EndpointError("data_parallel_size", problem)
 
 
 def _deploy(

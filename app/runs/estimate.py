@@ -250,7 +250,7 @@ def estimate(
         activations_gib_per_chip=activations(by_remat["none"]),
         activations_gib_per_chip_with_remat=activations(by_remat[remat_for_display]),
         total_gib_per_chip=round(total / GiB, 3),
-        chip_memory_gib=round(hbm / GiB, 1),
+        chip_memory_gib=round(hbm / GiB, 2),
         fits=fits,
         warning=warning,
         tokens=tokens,

@@ -42,17 +42,30 @@
   async function setUpDeploy() {
     const button = $("deploy-button");
     if (!button) return;
+    let pools = [];
     try {
-      const pools = await api("/api/v1/pools");
-      const list = Array.isArray(pools) ? pools : pools.data;
-      $("deploy-pool").replaceChildren(...list.map((p) => el("option", { value: p.name }, p.name + " (" + p.accelerator + ")")));
+      const answer = await api("/api/v1/pools");
+      pools = Array.isArray(answer) ? answer : answer.data;
+      $("deploy-pool").replaceChildren(...pools.map((p) => el("option", { value: p.name }, p.name + " (" + p.accelerator + ")")));
     } catch (_) {
       $("deploy-pool").replaceChildren(el("option", { value: "cpu" }, "cpu"));
     }
+    // vLLM pools: replicas of the model (data parallel), each over chips / replicas (tensor parallel)
+    function replicasFor() {
+      const pool = pools.find((p) => p.name === $("deploy-pool").value);
+      const vllm = pool && pool.accelerator !== "cpu" && pool.chips > 1;
+      $("deploy-dp-wrap").hidden = !vllm;
+      const divisors = vllm ? [...Array(pool.chips).keys()].map((i) => i + 1).filter((d) => pool.chips % d === 0) : [1];
+      $("deploy-dp").replaceChildren(...divisors.map((d) =>
+        el("option", { value: String(d) }, d === 1 ? "1 (TP " + (pool ? pool.chips : 1) + ")" : d + " (TP " + pool.chips / d + " each)")));
+    }
+    $("deploy-pool").addEventListener("change", replicasFor);
+    replicasFor();
     button.addEventListener("click", async () => {
       button.disabled = true;
       try {
-        const endpoint = await api("/api/v1/endpoints", { method: "POST", json: { artifact_id: artifact.id, pool: $("deploy-pool").value } });
+        const body = { artifact_id: artifact.id, pool: $("deploy-pool").value, data_parallel_size: Number($("deploy-dp").value) || 1 };
+        const endpoint = await api("/api/v1/endpoints", { method: "POST", json: body });
         location.href = "/endpoints/" + encodeURIComponent(endpoint.id);
       } catch (err) {
         $("artifact-error").textContent = err.message;

@@ -169,12 +169,13 @@
     const total = Number(e.total_gib_per_chip) || 0;
     const act = Math.max(0, total - weights - lora);
     const chip = Number(e.chip_memory_gib) || 0;
+    const usable = Number(e.usable_gib_per_chip) || 0;  // the server's figure, not a second one here
     const scale = Math.max(chip, total) || 1;
     const pct = (v) => Math.min(100, (100 * v) / scale) + "%";
     $("pf-seg-weights").style.width = pct(weights);
     $("pf-seg-lora").style.width = pct(lora);
     $("pf-seg-act").style.width = pct(act);
-    $("pf-limit").style.left = pct(0.9 * chip);
+    $("pf-limit").style.left = pct(usable);
     $("pf-membar").classList.toggle("over", !e.fits);
     $("pf-membar").setAttribute("aria-label", "Memory per chip: " + fmtGiB(total) + " of " + fmtGiB(chip));
     $("pf-mem-total").replaceChildren(el("b", {}, fmtGiB(total)), " of " + fmtGiB(chip));
@@ -190,7 +191,7 @@
     $("pf-warning").hidden = !!e.fits;
     $("pf-warning").textContent = e.fits ? "" : "Does not fit: " + (e.warning || "needs more memory than the chip has");
     $("pf-fits").hidden = !e.fits;
-    $("pf-fits").textContent = "Fits in the " + fmtGiB(0.9 * chip) + " usable per chip";
+    $("pf-fits").textContent = "Fits in the " + fmtGiB(usable) + " usable of the chip's " + fmtGiB(chip);
 
     $("pf-mesh").textContent = e.mesh || "–";
     $("pf-tokens").textContent = e.tokens === null || e.tokens === undefined ? "–" : fmtCompact(e.tokens);

@@ -337,6 +337,11 @@ def test_bad_deploy_requests_are_named(api, artifact):
     assert field_of(r) == "pool" and "unknown pool" in r.text
     r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "max_model_len": 4})
     assert field_of(r) == "max_model_len"
+    r = api.post("/api/v1/endpoints", json={"artifact_id": artifact["id"], "data_parallel_size": 2})
+    assert field_of(r) == "data_parallel_size" and "built-in model server" in r.text
+    body = {"artifact_id": artifact["id"], "pool": "tpu-v6e-8", "data_parallel_size": 3}
+    r = api.post("/api/v1/endpoints", json=body)
+    assert field_of(r) == "data_parallel_size" and "must divide them (1, 2, 4, 8)" in r.text
     assert api.get("/api/v1/endpoints").json()["count"] == before, "a refused deploy creates nothing"
 
 

@@ -19,8 +19,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.artifacts.models import Artifact, ArtifactKind
+from app.base_models.presets import BASE_MODELS
 from app.core.config import get_settings
 from app.endpoints.models import Endpoint, Runtime
+from app.endpoints.service import replica_problem
 from app.pools.models import Pool
 from tests.api.test_endpoints import wait_endpoint
 from tests.conftest import ROOT, free_port
@@ -38,7 +40,12 @@ def settings(tmp_path, monkeypatch):
     get_settings.cache_clear()
 
 
-def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
+# vLLM's parallel layout: data_parallel_size replicas, each over chips / data_parallel_size by tensor
+# parallelism. The published Trillium recipe for gemma-4-31B-it (AI-Hypercomputer/tpu-recipes,
+# inference/trillium/vLLM/Gemma4) serves it on a v6e-8 with --tensor-parallel-size 8 and names 4 chips the
+# minimum; a TP=4 x DP=2 configuration of it could not be confirmed from a published source.
+@pytest.mark.parametrize(("replicas", "layout"), [(1, ["8"]), (2, ["4", "--data-parallel-size", "2"])])
+def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings, replicas, layout):
     pool = Pool(name="tpu-v6e-8", accelerator="tpu-v6e-8", chips=8, price_per_chip_hour=2.7)
     artifact = Artifact(
         id="art-31b",
@@ -56,7 +63,7 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         model=artifact.name,
         pool=pool.name,
         runtime=Runtime.vllm_tpu,
-        settings={"max_model_len": 16384, "max_num_seqs": 64},
+        settings={"max_model_len": 16384, "max_num_seqs": 64, "data_parallel_size": replicas},
         api_key="key-of-ep-31b",
     )
     # this host's copy of it (worker.model_cache.local_artifact) is what the container mounts
@@ -73,7 +80,7 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
             "--served-model-name",
             "ft:gemma4-31b:support:run-31b",
             "--tensor-parallel-size",
-            "8",
+            *layout,
             "--max-model-len",
             "16384",
             "--max-num-seqs",
@@ -103,6 +110,19 @@ def test_vllm_tpu_container_for_a_31b_merge_on_a_v6e_8(settings):
         "privileged": True,
     }
     assert os.path.isdir(cache)  # the compile caches survive the container
+
+
+def test_a_replica_must_hold_the_models_weights_on_its_chips():
+    """31B in bfloat16 (its preset's parameters x 2 bytes, 57 GiB) on a v6e-8: a v6e chip shows JAX 31.25
+    GiB, 28.1 GiB of it usable; a replica over 4 chips holds 14.3 GiB per chip, over 2 chips 28.6 GiB."""
+    weights = 2 * BASE_MODELS["gemma-4-31b"].arch.params()
+    v6e = Pool(name="tpu-v6e-8", accelerator="tpu-v6e-8", chips=8, price_per_chip_hour=2.7)
+    assert replica_problem(weights, v6e, 1) is None and replica_problem(weights, v6e, 2) is None
+    problem = replica_problem(weights, v6e, 4)
+    assert problem is not None and "28.6 GiB" in problem and "use data_parallel_size 2 or less" in problem
+    assert "must divide them (1, 2, 4, 8)" in (replica_problem(weights, v6e, 3) or "")
+    v5e = Pool(name="tpu-v5e-4", accelerator="tpu-v5e-8", chips=2, price_per_chip_hour=1.2)  # 16 GB a chip
+    assert "does not fit pool tpu-v5e-4" in (replica_problem(weights, v5e, 1) or "")
 
 
 def test_vllm_gpu_container_serves_an_adapter_on_its_base(settings):

@@ -389,7 +389,13 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     # Deploy from the artifact's page, on the cpu pool: the endpoint's page follows it to ready.
     page.goto(f"/artifacts/{art['id']}")
     expect(page.locator("#deploy-actions")).to_be_visible(timeout=10_000)
+    # a vLLM pool offers data-parallel replicas beside tensor parallelism; the built-in server has one
+    page.select_option("#deploy-pool", "tpu-v6e-8")
+    expect(page.locator("#deploy-dp option")).to_have_text(
+        ["1 (TP 8)", "2 (TP 4 each)", "4 (TP 2 each)", "8 (TP 1 each)"]
+    )
     page.select_option("#deploy-pool", "cpu")
+    expect(page.locator("#deploy-dp-wrap")).to_be_hidden()
     page.click("#deploy-button")
     expect(page).to_have_url(re.compile(r".*/endpoints/ep-[0-9a-f]+$"))
     expect(page.locator("#endpoint-status")).to_have_text("ready", timeout=TRAIN_TIMEOUT)
@@ -428,10 +434,15 @@ def test_deploy_a_merged_model_chat_in_the_playground_and_watch_its_charts(page:
     page.fill("#bench-prompts", "4")
     page.fill("#bench-input", "16")
     page.fill("#bench-output", "8")
+    page.fill("#bench-slo-ttft", "600000")  # every request is within it: its goodput is its throughput
     page.click("#bench-run")
     expect(page.locator("#bench-table tbody tr")).to_have_count(2, timeout=120_000)
     expect(page.locator("#bench-table tbody tr").first).to_contain_text("c=1")
     expect(page.locator("#bench-status")).to_have_text("succeeded", timeout=30_000)
+    expect(page.locator("#bench-table thead")).to_contain_text("goodput req/s")
+    expect(page.locator("#bench-table thead")).to_contain_text("TTFT p50 / p99 ms")
+    cells = page.locator("#bench-table tbody tr").first.locator("td")
+    expect(cells.nth(3)).to_have_text(cells.nth(2).text_content() or "")
     page.wait_for_function(
         "() => Chart.getChart(document.getElementById('bench-chart')).data.datasets[0].data.length === 2"
     )
