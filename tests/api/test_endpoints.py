@@ -199,6 +199,28 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
     assert {e["artifact_id"] for e in listed} == {artifact["id"]}  # other tests deploy it too
 
 
+def stopped_endpoint(server, endpoint_id: str, owner_id: int, artifact: dict, **values) -> str:
+    """A stopped endpoint of the artifact on the cpu pool, made in the database (no model server)."""
+    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
+    with Session(engine) as s:
+        s.add(
+            Endpoint(
+                id=endpoint_id,
+                owner_id=owner_id,
+                artifact_id=artifact["id"],
+                model=artifact["name"],
+                pool="cpu",
+                runtime=Runtime.local,
+                status=EndpointStatus.stopped,
+                settings={"max_model_len": 256, "max_num_seqs": 4},
+                **values,
+            )
+        )
+        s.commit()
+    engine.dispose()
+    return endpoint_id
+
+
 def test_only_admins_see_where_a_model_server_listens(server, api, artifact):
     """A member's endpoint shows no model server address: not in the API (one, the list, the live
     stream) nor on its page. The row is made in the database (a deploy of the member's own would train,
@@ -206,24 +228,8 @@ def test_only_admins_see_where_a_model_server_listens(server, api, artifact):
     (test_deploy_chat_kill_and_stop)."""
     username, password, token = make_user(server)
     member = server.client(token)
-    url = "http://10.7.0.3:39123"
-    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
-    with Session(engine) as s:
-        row = Endpoint(
-            id=f"ep-member-{username[-8:]}",
-            owner_id=member.get("/api/v1/users/me").json()["id"],
-            artifact_id=artifact["id"],
-            model=artifact["name"],
-            pool="cpu",
-            runtime=Runtime.local,
-            status=EndpointStatus.stopped,
-            settings={"max_model_len": 256, "max_num_seqs": 4},
-            url=url,
-        )
-        s.add(row)
-        s.commit()
-        endpoint_id = row.id
-    engine.dispose()
+    owner = member.get("/api/v1/users/me").json()["id"]
+    endpoint_id = stopped_endpoint(server, f"ep-member-{username[-8:]}", owner, artifact, url="http://10.7.0.3:39123")
 
     one = member.get(f"/api/v1/endpoints/{endpoint_id}")
     assert one.status_code == 200 and one.json()["url"] is None, one.text
@@ -240,23 +246,12 @@ def test_only_admins_see_where_a_model_server_listens(server, api, artifact):
 def test_live_figures_are_computed_from_the_samples(server, api, artifact):
     """`stats` on GET /endpoints/{id} (and the list with ?stats=true), and the bucketed series the page
     charts, against figures worked out by hand from samples written to the database."""
-    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
     now = datetime.now(UTC)
     ago = lambda seconds: now - timedelta(seconds=seconds)  # noqa: E731
+    owner = api.get("/api/v1/users/me").json()["id"]
+    endpoint_id = stopped_endpoint(server, f"ep-stats-{int(now.timestamp() * 1000) % 10**8}", owner, artifact)
+    engine = sa.create_engine(server.env.get("TUNEDECK_DATABASE_URL") or f"sqlite:///{server.data_dir}/tunedeck.db")
     with Session(engine) as s:
-        row = Endpoint(
-            id=f"ep-stats-{int(now.timestamp() * 1000) % 10**8}",
-            owner_id=api.get("/api/v1/users/me").json()["id"],
-            artifact_id=artifact["id"],
-            model=artifact["name"],
-            pool="cpu",
-            runtime=Runtime.local,
-            status=EndpointStatus.stopped,
-            settings={"max_model_len": 256, "max_num_seqs": 4},
-        )
-        s.add(row)
-        s.commit()
-        endpoint_id = row.id
         sample = lambda at, source, ttft, duration, tokens, code=200, **kw: EndpointSample(  # noqa: E731
             endpoint_id=endpoint_id, at=at, source=source, ttft_s=ttft, duration_s=duration,
             output_tokens=tokens, status_code=code, **kw,

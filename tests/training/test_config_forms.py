@@ -4,6 +4,7 @@ transformers 5.12 writes) and the newer one (``per_layer_config``; what transfor
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -85,8 +86,14 @@ def _source(tiny_model, tmp_path, text: dict):
     return dest
 
 
-def _newer_tiny(**changes) -> dict:
-    return config_by_new_transformers(**{**arguments(tiny.tiny_config_json(tiny.TOKENIZER_VOCAB_SIZE)), **changes})
+@functools.cache
+def _newer_tiny_json() -> str:
+    return json.dumps(config_by_new_transformers(**arguments(tiny.tiny_config_json(tiny.TOKENIZER_VOCAB_SIZE))))
+
+
+def _newer_tiny() -> dict:
+    """The tiny model's config as transformers 5.18 writes it (written once: a process of its own)."""
+    return json.loads(_newer_tiny_json())
 
 
 def _with(**changes):
