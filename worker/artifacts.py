@@ -48,13 +48,15 @@ def execute(artifact_id: str, worker: str) -> None:
                 artifacts.wait_for_chips(session, artifact_id, str(busy), leases.RETRY_S)
             return
     try:
-        _build(artifact_id, worker)
+        supervise_build(artifact_id, worker)
     finally:
         if lease is not None:
             lease.release()
 
 
-def _build(artifact_id: str, worker: str) -> None:
+def supervise_build(artifact_id: str, worker: str) -> None:
+    """Take the artifact and build it here, in a child process (``build``). The caller holds this host's
+    chips where the build needs them (``execute``, or an evaluation that merges the checkpoints it serves)."""
     with session_scope() as session:
         artifact = artifacts.start(session, artifact_id, worker)
         if artifact is None:

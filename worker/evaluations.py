@@ -44,7 +44,7 @@ from app.evaluations.models import Evaluation
 from app.pools.models import Pool
 from app.runs.models import Run
 from worker import artifacts as artifact_builds
-from worker import runtimes
+from worker import leases, runtimes
 from worker.beat import Beat
 from worker.chat import ChatFormat, ChatTemplateError
 from worker.endpoints import log_path
@@ -65,6 +65,22 @@ class Stopped(Exception):  # noqa: N818 - not an error: the evaluation was told 
 
 
 def execute(evaluation_id: str, worker: str) -> None:
+    """The Celery task's body. The evaluation serves its subjects on this host's chips (and merges the
+    checkpoints it serves, verification and all): it holds their lease throughout, or waits for it
+    queued, saying so."""
+    try:
+        lease = leases.take(f"evaluation {evaluation_id}")
+    except leases.Busy as busy:
+        with session_scope() as session:
+            evaluations.wait_for_chips(session, evaluation_id, str(busy), leases.RETRY_S)
+        return
+    try:
+        _evaluate(evaluation_id, worker)
+    finally:
+        lease.release()
+
+
+def _evaluate(evaluation_id: str, worker: str) -> None:
     with session_scope() as session:
         evaluation = evaluations.start(session, evaluation_id, worker)
         if evaluation is None:
@@ -262,7 +278,8 @@ def _merged(session: Session, evaluation: Evaluation, subject: dict, worker: str
     artifact = evaluations.checkpoint_artifact(session, evaluation, subject)
     if artifact.status == ArtifactStatus.queued:
         evaluations.progress(session, evaluation, phase=f"merging {subject['label']}")
-        artifact_builds.execute(artifact.id, worker)  # nothing when another worker took it meanwhile
+        # under this evaluation's lease; nothing when another worker took it meanwhile
+        artifact_builds.supervise_build(artifact.id, worker)
     while True:
         session.refresh(artifact)
         if artifact.status == ArtifactStatus.succeeded:

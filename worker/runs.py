@@ -119,7 +119,21 @@ def execute(run_id: str, worker: str) -> None:
 
 def execute_on_host(run_id: str, attempt: int, host_index: int, worker: str) -> None:
     """This host's part of a run on a slice (the Celery task's body): its training process, one of the
-    slice's, supervised like a single host's run."""
+    slice's, supervised like a single host's run, on this host's chips (their lease; while another job
+    holds them, its row says "waiting" and its task comes back a moment later)."""
+    try:
+        lease = leases.take(f"run {run_id} (host {host_index} of its slice)")
+    except leases.Busy as busy:
+        with session_scope() as session:
+            runs.host_waits_for_chips(session, run_id, attempt, host_index, worker, str(busy), leases.RETRY_S)
+        return
+    try:
+        _on_host(run_id, attempt, host_index, worker)
+    finally:
+        lease.release()
+
+
+def _on_host(run_id: str, attempt: int, host_index: int, worker: str) -> None:
     settings = get_settings()
     with session_scope() as session:
         run = runs.join(session, run_id, attempt, host_index, worker)
@@ -147,7 +161,11 @@ def _coordinator(session, run: Run, attempt: int, host_index: int) -> str | None
             return run.coordinator
         runs.process_beat(session, run.id, host_index)
         time.sleep(0.5)
-    runs.fail(session, run, f"host 0 of slice {run.slice} never started its part of the run (is its worker up?)")
+    host0 = next((p for p in runs.processes_of(session, run) if p.host_index == 0 and p.attempt == attempt), None)
+    why = (
+        "waited for its chips all that time" if host0 is not None and host0.state == "waiting" else "is its worker up?"
+    )
+    runs.fail(session, run, f"host 0 of slice {run.slice} never started its part of the run ({why})")
     return None
 
 

@@ -410,6 +410,18 @@ def cancel(session: Session, evaluation: Evaluation) -> Evaluation:
 # --- worker side --------------------------------------------------------------------------------
 
 
+def wait_for_chips(session: Session, evaluation_id: str, why: str, retry_s: float) -> None:
+    """The host that got the evaluation's task has its chips taken (``why`` says by what): the evaluation
+    says so while it stays queued, and its task is sent again in ``retry_s``, to this host or another."""
+    evaluation = session.get(Evaluation, evaluation_id)
+    if evaluation is None or evaluation.status != EvaluationStatus.queued or evaluation.cancel_requested:
+        return
+    evaluation.phase, evaluation.updated_at = why, utcnow()
+    session.add(evaluation)
+    session.commit()
+    queue.send_task(queue.RUN_EVALUATION, evaluation.id, queue=evaluation.pool, countdown=retry_s)
+
+
 def start(session: Session, evaluation_id: str, worker: str) -> Evaluation | None:
     """The task takes the evaluation; None when it is not queued any more."""
     return jobs.take(session, Evaluation, evaluation_id, worker)

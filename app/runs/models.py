@@ -153,7 +153,9 @@ class RunProcess(SQLModel, table=True):
     host_index: int = Field(primary_key=True)
     attempt: int
     worker: str = Field(max_length=255)
-    state: str = Field(max_length=16, description="joining | training | done | stopped | failed")
+    state: str = Field(
+        max_length=16, description="waiting (for its chips) | joining | training | done | stopped | failed"
+    )
     step: int = 0
     step_time_s: float | None = None
     heartbeat_at: datetime = Field(default_factory=utcnow)

@@ -660,13 +660,37 @@ def gang_start(session: Session, run: Run, slice_: str, hosts: int) -> None:
         queue.send_task(queue.TRAIN_ON_HOST, run.id, run.attempts, index, queue=to)
 
 
+def host_waits_for_chips(
+    session: Session, run_id: str, attempt: int, host_index: int, worker: str, why: str, retry_s: float
+) -> None:
+    """Host ``host_index``'s chips are taken (``why`` says by what): its process row says "waiting" (the
+    event says why, once), and its part's task is sent again to its queue in ``retry_s``. The other hosts
+    wait for it as for any host that has not joined yet."""
+    run = session.get(Run, run_id)
+    if run is None or not is_current(session, run, attempt) or run.slice is None:
+        return
+    row = session.get(RunProcess, (run_id, host_index))
+    if row is not None and row.attempt == attempt and row.state != "waiting":
+        return  # this host's part runs already (a second delivery of its task)
+    said = row is not None and row.attempt == attempt  # waiting already: its event is out
+    row = row or RunProcess(run_id=run_id, host_index=host_index, attempt=attempt, worker=worker, state="waiting")
+    row.attempt, row.worker, row.state, row.step, row.step_time_s = attempt, worker, "waiting", 0, None
+    row.heartbeat_at = utcnow()
+    session.add(row)
+    if not said:
+        event(session, run, f"host {host_index} of slice {run.slice}: {why}")
+    session.commit()
+    to = queue.host_queue(run.pool, run.slice, host_index)
+    queue.send_task(queue.TRAIN_ON_HOST, run.id, attempt, host_index, queue=to, countdown=retry_s)
+
+
 def join(session: Session, run_id: str, attempt: int, host_index: int, worker: str) -> Run | None:
     """One host of the slice takes its part of ``attempt``; None when that attempt is over."""
     run = session.get(Run, run_id)
     if run is None or not is_current(session, run, attempt) or run.slice is None:
         return None
     row = session.get(RunProcess, (run_id, host_index))
-    if row is not None and row.attempt == attempt:
+    if row is not None and row.attempt == attempt and row.state != "waiting":
         return None  # a second delivery of the same host's task
     row = row or RunProcess(run_id=run_id, host_index=host_index, attempt=attempt, worker=worker, state="joining")
     row.attempt, row.worker, row.state, row.step, row.step_time_s = attempt, worker, "joining", 0, None

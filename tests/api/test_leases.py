@@ -1,10 +1,12 @@
-"""One accelerator job at a time on a host: a second job sent to a host whose chips are taken waits in the
-queue, saying what it waits for, and runs once they are free."""
+"""One accelerator job at a time on a host (a run, a merge's verification, a model server, an evaluation):
+a second job sent to a host whose chips are taken waits in the queue, saying what it waits for, and runs
+once they are free."""
 
 from datetime import datetime
 
 from tests.api.test_artifacts import wait_artifact
 from tests.api.test_endpoints import wait_endpoint
+from tests.api.test_evaluations import wait_evaluation
 from tests.api.test_runs_lifecycle import SMALL, demo_dataset, wait_run
 from tests.conftest import start_worker, stop_worker
 
@@ -62,7 +64,26 @@ def test_accelerator_jobs_sent_to_one_host_run_one_after_the_other_and_the_wait_
         api.post(f"/api/v1/endpoints/{e1['id']}/stop")
         assert wait_endpoint(server, api, e1["id"], ("stopped", "failed"))["status"] == "stopped"
         assert wait_endpoint(server, api, e2["id"], ("ready", "failed"))["status"] == "ready"
+
+        # An evaluation serves its subjects on the chips too: it waits while the endpoint holds them.
+        body = {
+            "dataset_id": dataset,
+            "subjects": [{"kind": "base", "run_id": first}],
+            "metrics": ["chrf"],
+            "max_samples": 2,
+            "max_tokens": 4,
+        }
+        ev = api.post("/api/v1/evaluations", json=body).json()
+
+        def ev_waits():
+            e = api.get(f"/api/v1/evaluations/{ev['id']}").json()
+            return e if (e["phase"] or "").startswith("waiting for chips on host ") else None
+
+        shown = server.wait_for(ev_waits, timeout=30, what="the evaluation to wait for the chips")
+        assert shown["status"] == "queued" and shown["phase"].endswith(f": held by endpoint {e2['id']}"), shown
         api.post(f"/api/v1/endpoints/{e2['id']}/stop")
         wait_endpoint(server, api, e2["id"], ("stopped", "failed"))
+        done = wait_evaluation(server, api, ev["id"])
+        assert done["status"] == "succeeded", done["error"]
     finally:
         stop_worker(worker, host)

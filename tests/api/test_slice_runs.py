@@ -2,6 +2,8 @@
 app's files out of its sight), joined into one JAX program of 2 processes x 2 CPU devices."""
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ HOST_ENV = {
     # 2 CPU devices each, so that the slice's mesh spans both hosts' devices
     "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=2",
     "TUNEDECK_STALE_SECONDS": str(STALE_S),
+    "TUNEDECK_ACCELERATOR_JOBS": "1",  # one accelerator job at a time on each host, as on a TPU host
 }
 
 
@@ -65,6 +68,21 @@ class Slice:
                 if proc.environ().get("TUNEDECK_DATA_DIR") == str(self.hosts[index]):
                     proc.kill()
         self.workers[index].wait()
+
+    @contextlib.contextmanager
+    def chips_taken(self, index: int, holder: str):
+        """Host ``index``'s chips held by another job, as a job of its own would hold them: the lock file
+        of its one slot (worker/leases.py, under /tmp: on the host's own disk) locked by this process."""
+        root = Path("/tmp/tunedeck-leases") / hashlib.sha256(str(self.hosts[index].resolve()).encode()).hexdigest()[:12]
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / "chips-0.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            (root / "chips-0.holder").write_text(holder)
+            yield
+        finally:
+            (root / "chips-0.holder").unlink(missing_ok=True)
+            os.close(fd)
 
     def logs(self) -> str:
         return "\n".join((h / "worker.log").read_text(errors="replace")[-2000:] for h in self.hosts)
@@ -114,8 +132,17 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, pag
     r = api.post("/api/v1/pools", json={"name": "cpu-slice-rel", **SLICE_POOL, "shared_dir": "shared"})
     assert r.status_code == 422 and "absolute path" in r.text, r.text
 
-    r = api.post("/api/v1/runs", json={**body, "pool": "cpu-slice"})
-    assert r.status_code == 201, r.text
+    # Host 1's chips are taken by another job: its part waits, saying so, and the slice starts once
+    # they are free.
+    with slice_s1.chips_taken(1, "endpoint ep-elsewhere"):
+        r = api.post("/api/v1/runs", json={**body, "pool": "cpu-slice"})
+        assert r.status_code == 201, r.text
+
+        def host_1_waits():
+            run = api.get(f"/api/v1/runs/{r.json()['id']}").json()
+            return [p for p in run["processes"] if p["host_index"] == 1 and p["state"] == "waiting"]
+
+        server.wait_for(host_1_waits, timeout=60, what="host 1's part to wait for its chips")
     run = wait_run(server, api, r.json()["id"], timeout=400)
     assert run["status"] == "succeeded", (run["error"], slice_s1.logs())
 
@@ -125,6 +152,9 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, pag
     (joined,) = [m for m in messages if "jax.process_count() == 2" in m]
     assert "each process feeds 4 of the 8 rows" in joined, joined
     assert any("host 1 of slice s1 (cpu-slice@host-1) is joining" in m for m in messages), messages
+    waited = [m for m in messages if m.startswith("host 1 of slice s1: waiting for chips on host ")]
+    assert len(waited) == 1 and waited[0].endswith(": held by endpoint ep-elsewhere"), messages
+    assert run["attempts"] == 1  # waiting for chips took no attempt
     assert steps_of(api, run["id"]) == [1, 2, 3, 4, 5, 6]
 
     # Its checkpoints were saved once, into the shared directory, by both processes together.
