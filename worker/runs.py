@@ -207,6 +207,12 @@ def _supervise(session, run: Run, attempt: int, process: Process | None) -> None
                 if runs.is_current(session, run, attempt):
                     runs.finish(session, run, stopped_by=requested)
                 return
+        if process is not None and not lead and child.returncode == 0:
+            # host 0 records how the slice's run ended, a moment after the processes stop together: this
+            # task ends after it, so that a stopping worker's shutdown finds a handed-back run queued
+            deadline = time.monotonic() + 10
+            while runs.is_current(session, run, attempt) and time.monotonic() < deadline:
+                time.sleep(0.2)
         # A process that died without recording an outcome (host 0's records it; another host's ends at 0).
         if runs.is_current(session, run, attempt) and run.status == "running" and (lead or child.returncode):
             if process is not None and _lost_a_host(session, run, attempt, process):

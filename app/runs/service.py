@@ -501,13 +501,37 @@ def hand_back(session: Session, worker: str) -> list[str]:
         run.stop_requested = "handback"
         event(session, run, f"{worker} is stopping: saving a checkpoint to hand the run back")
         session.add(run)
+    # Its part of a run on a slice (another host's is host 0): host 0 passes the stop to the slice's
+    # processes, which decide it once and stop at the same step, with a checkpoint there.
+    parts = session.exec(
+        select(Run, RunProcess)
+        .join(RunProcess, col(RunProcess.run_id) == col(Run.id))
+        .where(
+            RunProcess.worker == worker,
+            col(RunProcess.attempt) == col(Run.attempts),
+            col(RunProcess.host_index) > 0,
+            Run.status == RunStatus.running,
+            col(Run.stop_requested).is_(None),
+        )
+    ).all()
+    for run, part in parts:
+        run.stop_requested = "handback"
+        host = f"host {part.host_index} of slice {run.slice}"
+        event(session, run, f"{worker} ({host}) is stopping: saving a checkpoint to hand the run back")
+        session.add(run)
     session.commit()
-    return [r.id for r in running]
+    return [r.id for r in running] + [r.id for r, _ in parts]
 
 
 def requeue_handed_back(session: Session, worker: str) -> list[str]:
-    """The runs this stopped worker handed back, on their pool's queue again (see ``hand_back``)."""
-    handed = session.exec(select(Run).where(Run.worker == worker, Run.status == RunStatus.queued)).all()
+    """The runs this stopped worker handed back, on their pool's queue again (see ``hand_back``): its own,
+    and those of a slice it had a part in (a row that waits longer, its task lost, is sent again by
+    ``queue.resend_lost``)."""
+    own = col(Run.worker) == worker
+    part = col(Run.id).in_(
+        select(RunProcess.run_id).where(RunProcess.worker == worker, col(RunProcess.attempt) == col(Run.attempts))
+    )
+    handed = session.exec(select(Run).where(sa.or_(own, part), Run.status == RunStatus.queued)).all()
     for run in handed:
         run.worker = None
         session.add(run)

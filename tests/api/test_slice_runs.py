@@ -231,3 +231,35 @@ def test_a_host_killed_mid_run_stops_the_slice_and_the_run_resumes_from_its_chec
     assert server.sql("SELECT lost_attempts FROM runs WHERE id = :r", r=run_id)[0][0] == 1, (
         "one lost attempt, for the slice as a whole"
     )
+
+
+def test_a_stopping_host_hands_the_slice_run_back_at_one_step(server, api, slice_s1):
+    """SIGTERM to host 1's worker (a restart, a deploy, a preempted host): host 0's process decides the stop
+    once and broadcasts it, both processes save one checkpoint at the same step and stop, and the run goes
+    back on the queue, no attempt lost; it resumes there once host 1 is back."""
+    dataset = demo_dataset(server, api)
+    config = {**SLICE_CONFIG, "max_steps": 20, "checkpoint_every_steps": 50, "eval_every_steps": 50}
+    r = api.post("/api/v1/runs", json={"dataset_id": dataset, "pool": "cpu-slice", "config": config})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    server.wait_for(lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] >= 4, timeout=300, what="step 4")
+    slice_s1.workers[1].terminate()
+
+    def handed_back():
+        events = api.get(f"/api/v1/runs/{run_id}/events", params={"limit": 500}).json()["data"]
+        return [e["message"] for e in events if e["message"].startswith("handed back at step ")]
+
+    (said,) = server.wait_for(handed_back, timeout=60, what="the run handed back")
+    step = int(said.split()[4].rstrip(","))
+    slice_s1.workers[1].wait(timeout=60)
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events", params={"limit": 500}).json()["data"]]
+    assert "cpu-slice@host-1 (host 1 of slice s1) is stopping: saving a checkpoint to hand the run back" in messages
+    assert [c["step"] for c in api.get(f"/api/v1/runs/{run_id}/checkpoints").json()["data"]] == [step]
+    slice_s1.workers[1] = slice_s1.start(1)  # the host comes back
+
+    run = wait_run(server, api, run_id, timeout=400)
+    assert run["status"] == "succeeded", (run["error"], slice_s1.logs())
+    assert steps_of(api, run_id) == list(range(1, 21)), "each step once: none twice, none skipped"
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events", params={"limit": 500}).json()["data"]]
+    assert any(m.startswith(f"resumed from step {step}") for m in messages), messages
+    assert server.sql("SELECT lost_attempts FROM runs WHERE id = :r", r=run_id)[0][0] == 0
