@@ -703,6 +703,9 @@ def host_waits_for_chips(
     session.add(row)
     if not said:
         event(session, run, f"host {host_index} of slice {run.slice}: {why}")
+    if host_index == 0:  # the run's heartbeat is host 0's: waiting for its chips, the run is not lost
+        run.heartbeat_at = run.updated_at = utcnow()
+        session.add(run)
     session.commit()
     to = queue.host_queue(run.pool, run.slice, host_index)
     queue.send_task(queue.TRAIN_ON_HOST, run.id, attempt, host_index, queue=to, countdown=retry_s)
