@@ -310,7 +310,9 @@ class DBReporter:
     def metrics(self, step: int, values: dict[str, float]) -> None:
         if self._first_step is None:
             self._first_step = step
-            if step > 1:  # resumed from a checkpoint (after a pause, or behind what a lost attempt reported)
+            # resumed from a checkpoint (after a pause, or behind what a lost attempt reported), or started
+            # over after an attempt that reported steps: forget what lies beyond
+            if step > 1 or self.run.step > 0:
                 runs.rewind(self.session, self.run, step - 1)
         values = {k: float(v) for k, v in values.items()}
         self._pending.append((step, values))

@@ -554,9 +554,14 @@ def heartbeat(session: Session, run: Run, *, phase: str | None = None) -> str | 
 def rewind(session: Session, run: Run, step: int) -> None:
     """A new attempt resumes after `step`: forget what a lost attempt reported beyond it."""
     session.execute(sa.delete(RunMetric).where(col(RunMetric.run_id) == run.id, col(RunMetric.step) > step))
-    run.step = step
+    run.step = max(step, 0)
     session.add(run)
-    event(session, run, f"resumed from step {step}")
+    said = (
+        f"resumed from step {step}"
+        if step > 0
+        else "started over (no checkpoint): the earlier attempt's points dropped"
+    )
+    event(session, run, said)
     session.commit()
 
 

@@ -1,5 +1,6 @@
 """Runs end to end with real Tunix LoRA training of the tiny Gemma 4 on the cpu pool."""
 
+import contextlib
 import os
 import signal
 import time
@@ -220,3 +221,24 @@ def test_sigkill_worker_mid_run_resumes_from_checkpoint(fast_reaper_server):
     messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events").json()["data"]]
     assert any(m.startswith("resumed from step ") for m in messages), messages
     assert any("re-queued" in m for m in messages), messages
+
+
+def test_a_run_lost_before_its_first_checkpoint_starts_over_with_each_step_once(fast_reaper_server):
+    """Killed before any checkpoint, the run starts over from step 1: the lost attempt's points are dropped,
+    not listed twice (its loss chart and /metrics show each step once)."""
+    srv = fast_reaper_server
+    api = srv.client()
+    dataset = demo_dataset(srv, api)
+    config = {**SMALL, "max_steps": 30, "checkpoint_every_steps": 1000}
+    run_id = api.post("/api/v1/runs", json={"dataset_id": dataset, "config": config}).json()["id"]
+    srv.wait_for(lambda: api.get(f"/api/v1/runs/{run_id}").json()["step"] >= 5, timeout=240, what="step 5")
+    for proc in worker_tree(srv):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            os.kill(proc.pid, signal.SIGKILL)
+
+    run = wait_run(srv, api, run_id, timeout=300)
+    assert run["status"] == "succeeded", (run["error"], srv.log()[-3000:])
+    assert run["attempts"] == 2
+    assert steps_of(api, run_id) == list(range(1, 31)), "each step once: none twice, none skipped"
+    messages = [e["message"] for e in api.get(f"/api/v1/runs/{run_id}/events").json()["data"]]
+    assert any(m.startswith("started over (no checkpoint)") for m in messages), messages
