@@ -39,19 +39,17 @@ def execute(artifact_id: str, worker: str) -> None:
     with session_scope() as session:
         row = session.get(Artifact, artifact_id)
         verified = row is not None and row.kind == ArtifactKind.merged
-    lease = None
-    if verified:
-        try:
-            lease = leases.take(f"the merge of artifact {artifact_id} (its verification)")
-        except leases.Busy as busy:
-            with session_scope() as session:
-                artifacts.wait_for_chips(session, artifact_id, str(busy), leases.RETRY_S)
-            return
-    try:
+    if not verified:
         supervise_build(artifact_id, worker)
-    finally:
-        if lease is not None:
-            lease.release()
+        return
+    lease = leases.take_or_wait(
+        f"the merge of artifact {artifact_id} (its verification)",
+        lambda session, why, retry_s: artifacts.wait_for_chips(session, artifact_id, why, retry_s),
+    )
+    if lease is None:
+        return
+    with lease:
+        supervise_build(artifact_id, worker)
 
 
 def supervise_build(artifact_id: str, worker: str) -> None:

@@ -55,11 +55,11 @@ def launch(endpoint_id: str, worker: str) -> None:
 
 
 def supervise(endpoint_id: str, worker: str) -> None:
-    try:  # held for as long as this supervisor lives: its model server's chips
-        leases.take(f"endpoint {endpoint_id}")
-    except leases.Busy as busy:
-        with session_scope() as session:
-            endpoints.wait_for_chips(session, endpoint_id, str(busy), leases.RETRY_S)
+    lease = leases.take_or_wait(  # held for as long as this supervisor lives: its model server's chips
+        f"endpoint {endpoint_id}",
+        lambda session, why, retry_s: endpoints.wait_for_chips(session, endpoint_id, why, retry_s),
+    )
+    if lease is None:
         return
     with session_scope() as session:
         endpoint = endpoints.start(session, endpoint_id, worker, os.getpid())

@@ -68,16 +68,14 @@ def execute(evaluation_id: str, worker: str) -> None:
     """The Celery task's body. The evaluation serves its subjects on this host's chips (and merges the
     checkpoints it serves, verification and all): it holds their lease throughout, or waits for it
     queued, saying so."""
-    try:
-        lease = leases.take(f"evaluation {evaluation_id}")
-    except leases.Busy as busy:
-        with session_scope() as session:
-            evaluations.wait_for_chips(session, evaluation_id, str(busy), leases.RETRY_S)
+    lease = leases.take_or_wait(
+        f"evaluation {evaluation_id}",
+        lambda session, why, retry_s: evaluations.wait_for_chips(session, evaluation_id, why, retry_s),
+    )
+    if lease is None:
         return
-    try:
+    with lease:
         _evaluate(evaluation_id, worker)
-    finally:
-        lease.release()
 
 
 def _evaluate(evaluation_id: str, worker: str) -> None:

@@ -19,7 +19,11 @@ import fcntl
 import hashlib
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+
+from sqlmodel import Session
 
 from app.core.config import get_settings
 from app.core.db import session_scope
@@ -33,7 +37,7 @@ class Busy(Exception):
 
 
 class Lease:
-    """A held slot (``release`` it, or let the process end)."""
+    """A held slot (``release`` it, leave its ``with`` block, or let the process end)."""
 
     def __init__(self, fd: int | None, path: Path | None) -> None:
         self._fd, self._path = fd, path
@@ -43,6 +47,14 @@ class Lease:
             self._path.with_suffix(".holder").unlink(missing_ok=True)
             os.close(self._fd)  # closing the descriptor lets go of the lock
             self._fd = None
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
 
 
 def slots() -> int | None:
@@ -76,6 +88,18 @@ def take(job: str) -> Lease:
         path.with_suffix(".holder").write_text(job)
         return Lease(fd, path)
     raise Busy(f"waiting for chips on host {socket.gethostname()}: held by {', '.join(holders)}")
+
+
+def take_or_wait(job: str, wait: Callable[[Session, str, float], None]) -> Lease | None:
+    """A slot of this host's chips for ``job``; or, with every slot taken, None once ``wait(session,
+    why, retry_s)`` has recorded on the job's row what it waits for and sent its task again (the
+    services' ``wait_for_chips``)."""
+    try:
+        return take(job)
+    except Busy as busy:
+        with session_scope() as session:
+            wait(session, str(busy), RETRY_S)
+        return None
 
 
 def _root() -> Path:

@@ -102,35 +102,31 @@ def execute(run_id: str, worker: str) -> None:
             if run is not None and pool is not None:
                 runs.gang_start(session, run, settings.slice, pool.hosts_per_slice)
         return
-    try:
-        lease = leases.take(f"run {run_id}")
-    except leases.Busy as busy:
-        with session_scope() as session:
-            runs.wait_for_chips(session, run_id, str(busy), leases.RETRY_S)
+    lease = leases.take_or_wait(
+        f"run {run_id}", lambda session, why, retry_s: runs.wait_for_chips(session, run_id, why, retry_s)
+    )
+    if lease is None:
         return
-    try:
-        with session_scope() as session:
-            run = runs.start(session, run_id, worker)
-            if run is not None:
-                _supervise(session, run, run.attempts, None)
-    finally:
-        lease.release()
+    with lease, session_scope() as session:
+        run = runs.start(session, run_id, worker)
+        if run is not None:
+            _supervise(session, run, run.attempts, None)
 
 
 def execute_on_host(run_id: str, attempt: int, host_index: int, worker: str) -> None:
     """This host's part of a run on a slice (the Celery task's body): its training process, one of the
     slice's, supervised like a single host's run, on this host's chips (their lease; while another job
     holds them, its row says "waiting" and its task comes back a moment later)."""
-    try:
-        lease = leases.take(f"run {run_id} (host {host_index} of its slice)")
-    except leases.Busy as busy:
-        with session_scope() as session:
-            runs.host_waits_for_chips(session, run_id, attempt, host_index, worker, str(busy), leases.RETRY_S)
+    lease = leases.take_or_wait(
+        f"run {run_id} (host {host_index} of its slice)",
+        lambda session, why, retry_s: runs.host_waits_for_chips(
+            session, run_id, attempt, host_index, worker, why, retry_s
+        ),
+    )
+    if lease is None:
         return
-    try:
+    with lease:
         _on_host(run_id, attempt, host_index, worker)
-    finally:
-        lease.release()
 
 
 def _on_host(run_id: str, attempt: int, host_index: int, worker: str) -> None:
