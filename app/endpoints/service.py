@@ -47,7 +47,7 @@ from app.endpoints.models import (
     Runtime,
 )
 from app.endpoints.stats import stats as live_stats
-from app.pools.models import Pool
+from app.pools.models import ACCELERATORS, GiB, Pool
 from app.runs import estimate
 from app.runs.models import Run
 
@@ -166,10 +166,10 @@ def replica_problem(weights: int, pool: Pool, data_parallel_size: int) -> str | 
         shown = ", ".join(map(str, divisors))
         return f"pool {pool.name} has {pool.chips} chips: data_parallel_size must divide them ({shown})"
     tp = pool.chips // data_parallel_size
-    chip = estimate.ACCELERATORS.get(pool.accelerator)
+    chip = ACCELERATORS.get(pool.accelerator)
     if chip is None:
         return None
-    usable = estimate.USABLE * chip[0]
+    usable = estimate.USABLE * chip.memory
     if weights / tp <= usable:
         return None
     most = max(
@@ -177,9 +177,9 @@ def replica_problem(weights: int, pool: Pool, data_parallel_size: int) -> str | 
         default=0,
     )
     return (
-        f"a replica over {tp} {pool.accelerator} chip(s) holds {weights / tp / estimate.GiB:.1f} GiB of weights "
+        f"a replica over {tp} {pool.accelerator} chip(s) holds {weights / tp / GiB:.1f} GiB of weights "
         "per chip, "
-        f"over the {usable / estimate.GiB:.1f} GiB usable of a chip's {chip[0] / estimate.GiB:.2f} GiB: "
+        f"over the {usable / GiB:.1f} GiB usable of a chip's {chip.memory / GiB:.2f} GiB: "
         + (f"use data_parallel_size {most} or less" if most else f"the model does not fit pool {pool.name}")
     )
 

@@ -1,3 +1,4 @@
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import ValidationInfo, field_validator
@@ -7,18 +8,29 @@ from app.core.db import utcnow
 from app.core.schemas import NAME_LENGTH, Schema
 
 MAX_PRICE = 100_000.0  # USD per chip-hour, far above any real price
-ACCELERATORS = (
-    "cpu",
-    "tpu-v5p-8",
-    "tpu-v5p-16",
-    "tpu-v5p-32",
-    "tpu-v6e-8",
-    "tpu-v5e-8",
-    "gpu-h100x1",
-    "gpu-h100x2",
-    "gpu-h100x8",
-    "gpu-h200x1",
-)
+GB, GiB = 10**9, 1024**3
+
+
+@dataclass(frozen=True)
+class Chip:
+    memory: float  # bytes
+    peak_flops: float  # bf16 FLOP/s
+
+
+# What a pool's accelerator is, per chip (published figures). Google quotes TPU HBM in GB (10^9 bytes):
+# v5p 95 GB, v5e 16 GB; a v6e chip ("32 GB") shows 31.25 GiB to JAX.
+ACCELERATORS = {
+    "cpu": Chip(16 * GiB, 1e11),
+    "tpu-v5p-8": Chip(95 * GB, 459e12),
+    "tpu-v5p-16": Chip(95 * GB, 459e12),
+    "tpu-v5p-32": Chip(95 * GB, 459e12),
+    "tpu-v6e-8": Chip(31.25 * GiB, 918e12),
+    "tpu-v5e-8": Chip(16 * GB, 197e12),
+    "gpu-h100x1": Chip(80 * GiB, 989e12),
+    "gpu-h100x2": Chip(80 * GiB, 989e12),
+    "gpu-h100x8": Chip(80 * GiB, 989e12),
+    "gpu-h200x1": Chip(141 * GiB, 989e12),
+}
 MAX_HOSTS_PER_SLICE = 256
 
 

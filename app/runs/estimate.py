@@ -30,28 +30,11 @@ test holds every row to within 25%). Per chip, with B rows of T tokens per chip 
 from dataclasses import asdict, dataclass, field
 
 from app.base_models.presets import Architecture, BaseModel, lora_params
-from app.pools.models import Pool
+from app.pools.models import ACCELERATORS, GiB, Pool
 from app.runs.models import RunConfig
 
-GiB = 1024**3
 ASSUMED_MFU = 0.4
 USABLE = 0.9  # of a chip's memory, for what the estimate leaves out (XLA's code, fragmentation, host buffers)
-
-GB = 10**9
-# Per chip: memory in bytes and peak bf16 FLOP/s (published figures). Google quotes TPU HBM in GB
-# (10^9 bytes): v5p 95 GB, v5e 16 GB; a v6e chip ("32 GB") shows 31.25 GiB to JAX.
-ACCELERATORS = {
-    "tpu-v5p-8": (95 * GB, 459e12),
-    "tpu-v5p-16": (95 * GB, 459e12),
-    "tpu-v5p-32": (95 * GB, 459e12),
-    "tpu-v6e-8": (31.25 * GiB, 918e12),
-    "tpu-v5e-8": (16 * GB, 197e12),
-    "gpu-h100x1": (80 * GiB, 989e12),
-    "gpu-h100x2": (80 * GiB, 989e12),
-    "gpu-h100x8": (80 * GiB, 989e12),
-    "gpu-h200x1": (141 * GiB, 989e12),
-    "cpu": (16 * GiB, 1e11),
-}
 
 # Measured coefficients (see the module docstring and bench/memory.py).
 LOGITS_BYTES_PER_TOKEN_AND_ENTRY = 20  # default loss: ~5 f32 copies of the logits
@@ -209,24 +192,24 @@ def estimate(
             chunk=chunk,
         )
 
+    chip = ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])
     by_remat = {r: memory(r) for r in KEPT_PER_LAYER}
     fitting = []
     for rows in (1, 2, 4, 8):
         for seq in FIT_GRID_LENGTHS:
             for remat in KEPT_PER_LAYER:
                 m = memory(remat, rows, seq, loss_chunk(config.loss_chunk_tokens, rows * seq, arch.vocab_size))
-                if m.total <= USABLE * ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])[0]:
+                if m.total <= USABLE * chip.memory:
                     fitting.append({"batch_size": rows * fsdp, "max_seq_len": seq, "remat": remat})
     mem = by_remat[config.remat]
-    hbm, peak = ACCELERATORS.get(pool.accelerator, ACCELERATORS["cpu"])
-    usable = USABLE * hbm
+    usable = USABLE * chip.memory
     total = mem.total
     fits = total <= usable
     warning = lower = None
     if not fits:
         lower, hint = _what_to_lower(config, by_remat, memory, usable, per_chip_batch)
         warning = (
-            f"needs ~{total / GiB:.1f} GiB per chip but a {pool.accelerator} chip has {hbm / GiB:.0f} GiB "
+            f"needs ~{total / GiB:.1f} GiB per chip but a {pool.accelerator} chip has {chip.memory / GiB:.0f} GiB "
             f"({usable / GiB:.0f} GiB usable): {hint}"
         )
     tokens = seconds = cost = None
@@ -234,7 +217,7 @@ def estimate(
         tokens = dataset_tokens * (config.epochs or 1)
         if config.max_steps:
             tokens = config.max_steps * config.batch_size * config.max_seq_len
-        seconds = 4 * params * tokens / (peak * chips * ASSUMED_MFU)
+        seconds = 4 * params * tokens / (chip.peak_flops * chips * ASSUMED_MFU)
         cost = seconds / 3600 * chips * pool.price_per_chip_hour
     remat_for_display = config.remat if config.remat != "none" else "block"
 
@@ -250,7 +233,7 @@ def estimate(
         activations_gib_per_chip=activations(by_remat["none"]),
         activations_gib_per_chip_with_remat=activations(by_remat[remat_for_display]),
         total_gib_per_chip=round(total / GiB, 3),
-        chip_memory_gib=round(hbm / GiB, 2),
+        chip_memory_gib=round(chip.memory / GiB, 2),
         fits=fits,
         warning=warning,
         tokens=tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.base_models.presets import BASE_MODELS
-from app.pools.models import Pool
+from app.pools.models import ACCELERATORS, GiB, Pool
 from app.runs import estimate
 from app.runs.models import RunConfig
 
@@ -14,11 +14,11 @@ GB = 10**9
 
 @pytest.mark.parametrize(
     ("accelerator", "bytes_"),
-    [("tpu-v5p-8", 95 * GB), ("tpu-v5e-8", 16 * GB), ("tpu-v6e-8", 31.25 * estimate.GiB)],
+    [("tpu-v5p-8", 95 * GB), ("tpu-v5e-8", 16 * GB), ("tpu-v6e-8", 31.25 * GiB)],
 )
 def test_tpu_memory_is_in_real_bytes(accelerator, bytes_):
     # Google quotes HBM in GB (10^9 bytes); a v6e chip shows 31.25 GiB to JAX.
-    assert estimate.ACCELERATORS[accelerator][0] == bytes_
+    assert ACCELERATORS[accelerator].memory == bytes_
 
 
 def test_31b_on_a_v5p_8_fits_short_rows_and_names_the_field_to_lower():
