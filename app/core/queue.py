@@ -22,6 +22,7 @@ from functools import lru_cache
 
 from celery import Celery
 
+from app.core import sql_broker
 from app.core.config import get_settings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def host_queue(pool: str, slice_: str, host_index: int) -> str:
 
 def make_celery() -> Celery:
     settings = get_settings()
+    sql_broker.register()
     if settings.broker_url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     celery = Celery("tunedeck", broker=settings.celery_broker_url)
