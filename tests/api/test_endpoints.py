@@ -142,13 +142,19 @@ def test_deploy_chat_kill_and_stop(server, api, artifact):
         lambda: metric(endpoint["url"], "vllm:num_requests_running", key) == 0, timeout=10, what="the abort"
     )
     assert metric(endpoint["url"], "vllm:generation_tokens_total", key) - generated < long / 2
+    quiet = datetime.now(UTC)  # nothing else runs on the model server from here
 
-    # The prober (every second here) times a small request and scrapes vLLM's metrics.
-    def scraped_twice():
-        probes = [s for s in api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json() if s["source"] == "probe"]
-        return probes if len(probes) >= 2 else None
+    # The prober (every second here) times a small request and scrapes vLLM's metrics. A probe taken
+    # before `quiet` may have seen the requests above running, so the one looked at comes after it.
+    def probed_since_quiet():
+        probes = [
+            s
+            for s in api.get(f"/api/v1/endpoints/{endpoint['id']}/samples").json()
+            if s["source"] == "probe" and datetime.fromisoformat(s["at"]) > quiet
+        ]
+        return probes or None
 
-    probe = server.wait_for(scraped_twice, timeout=30, what="two probes")[-1]
+    probe = server.wait_for(probed_since_quiet, timeout=30, what="a probe once the model server is quiet")[-1]
     assert probe["error"] is None and probe["output_tokens"] >= 1 and probe["ttft_s"] > 0, probe
     assert probe["server_ttft_s"] > 0 and probe["generation_tokens_per_s"] > 0 and probe["running"] == 0, probe
     r = OpenAI(base_url=f"{server.base_url}/v1", api_key="td_wrong").with_options(max_retries=0)
