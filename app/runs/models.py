@@ -62,7 +62,15 @@ class RunConfig(Schema):
         description="when the run succeeds, evaluate every checkpoint it kept and its base model (exact match, "
         "chrF) on its validation dataset, else its training dataset: the run page charts the score by step",
     )
-    mesh_fsdp: int | None = Field(default=None, ge=1, le=4096, description="default: the pool's chips / tp")
+    mesh_dp: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="replicas of the model (default 1): each holds the whole base weights over its fsdp x tp chips "
+        "and trains on its share of the batch; a step then exchanges one buffer of LoRA gradients, where fsdp "
+        "gathers weights and sums each gradient on its own. For a model whose weights fit fsdp x tp chips",
+    )
+    mesh_fsdp: int | None = Field(default=None, ge=1, le=4096, description="default: the pool's chips / (dp x tp)")
     mesh_tp: int | None = Field(default=None, ge=1, le=4096, description="default: 1")
     remat: Literal["none", "block", "decoder"] = "none"
     dtype: Literal["float32", "bfloat16"] = "float32"

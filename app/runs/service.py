@@ -115,10 +115,12 @@ def _dataset(session: Session, owner: User, dataset_id: str, field: str) -> Data
     return dataset
 
 
-def resolve_mesh(config: RunConfig, pool: Pool) -> tuple[int, int]:
+def resolve_mesh(config: RunConfig, pool: Pool) -> tuple[int, int, int]:
+    """(dp, fsdp, tp): the config's, with fsdp taking the pool's chips that dp and tp leave."""
     tp = config.mesh_tp or 1
-    fsdp = config.mesh_fsdp or max(1, pool.chips // tp)
-    return fsdp, tp
+    dp = config.mesh_dp or 1
+    fsdp = config.mesh_fsdp or max(1, pool.chips // (dp * tp))
+    return dp, fsdp, tp
 
 
 def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Dataset]]:
@@ -152,7 +154,7 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
             f"pool {pool.name} runs on slices of {pool.hosts_per_slice} hosts but has no shared_dir: its hosts "
             "save each checkpoint together into one directory (an admin sets it on the Pools page)",
         )
-    fsdp, tp = resolve_mesh(cfg, pool)
+    dp, fsdp, tp = resolve_mesh(cfg, pool)
     arch = base.arch
     sharded = {
         "attention heads": arch.num_heads,
@@ -166,15 +168,17 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
         raise RunInvalid(("config", "mesh_tp"), f"tp={tp} must divide the model's {', '.join(uneven)}")
     if arch.d_model % fsdp:
         raise RunInvalid(("config", "mesh_fsdp"), f"fsdp={fsdp} must divide the model width ({arch.d_model})")
-    if pool.accelerator != "cpu" and fsdp * tp != pool.chips:
+    if pool.accelerator != "cpu" and dp * fsdp * tp != pool.chips:
+        field = "mesh_dp" if cfg.mesh_dp and pool.chips % (dp * tp) else "mesh_fsdp"
         raise RunInvalid(
-            ("config", "mesh_fsdp"), f"fsdp x tp = {fsdp * tp} but pool {pool.name} has {pool.chips} chips"
+            ("config", field), f"dp x fsdp x tp = {dp * fsdp * tp} but pool {pool.name} has {pool.chips} chips"
         )
     micro = cfg.batch_size // cfg.grad_accum_steps
-    if micro % fsdp:
+    if micro % (dp * fsdp):
         raise RunInvalid(
             ("config", "batch_size"),
-            f"the per-step batch {micro} (batch_size / grad_accum_steps) must divide by the data-parallel size {fsdp}",
+            f"the per-step batch {micro} (batch_size / grad_accum_steps) must divide by the data-parallel size "
+            f"{dp * fsdp} (dp x fsdp)",
         )
     return pool, used
 
@@ -182,9 +186,9 @@ def check(session: Session, owner: User, data: RunCreate) -> tuple[Pool, list[Da
 def preflight(session: Session, owner: User, data: RunCreate) -> Estimate:
     """What the run will need on its pool, before it is launched (raises RunInvalid like create)."""
     pool, used = check(session, owner, data)
-    fsdp, tp = resolve_mesh(data.config, pool)
+    dp, fsdp, tp = resolve_mesh(data.config, pool)
     tokens = used[0].stats.get("tokens_total") if used[0].stats else None
-    return estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, tokens)
+    return estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, tokens, dp=dp)
 
 
 def cost_usd(session: Session, run: Run) -> float:
@@ -204,8 +208,8 @@ def to_public(session: Session, run: Run) -> RunPublic:
 def check_fits(session: Session, data: RunCreate, pool: Pool) -> Estimate:
     """The memory estimate on the pool's chips; raises RunInvalid naming the field to lower (the
     estimate's ``lower``) when it will not fit, unless the request says ``force``."""
-    fsdp, tp = resolve_mesh(data.config, pool)
-    est = estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, None)
+    dp, fsdp, tp = resolve_mesh(data.config, pool)
+    est = estimate(base_models.resolve(session, data.base_model)[0], data.config, pool, fsdp, tp, None, dp=dp)
     if not est.fits and not data.force:
         assert est.lower is not None, "an estimate that does not fit names the field to lower"
         raise RunInvalid(tuple(est.lower.split(".")), f"will not fit in memory: {est.warning} (or set force)")
@@ -219,8 +223,8 @@ def create(session: Session, owner: User, data: RunCreate) -> Run:
     owner_id = owner.id
     assert owner_id is not None, "the owner is a saved user"
     users.check_limit(session, owner_id, "max_active_runs", lambda: count_active(session, owner_id), "active run")
-    fsdp, tp = resolve_mesh(data.config, pool)
-    config = data.config.model_copy(update={"mesh_fsdp": fsdp, "mesh_tp": tp})
+    dp, fsdp, tp = resolve_mesh(data.config, pool)
+    config = data.config.model_copy(update={"mesh_dp": dp, "mesh_fsdp": fsdp, "mesh_tp": tp})
     waiting = any(d.status == DatasetStatus.validating for d in used)
     assert owner.id is not None, "the owner is a saved user"
     run = Run(

@@ -196,7 +196,7 @@
     "lora_rank", "lora_alpha", "lora_dropout", "target_modules", "quantization", "learning_rate", "lr_schedule",
     "warmup_steps", "epochs", "max_steps", "batch_size", "grad_accum_steps", "max_seq_len", "packing",
     "assistant_only_loss", "enable_thinking", "seed", "validation_fraction", "eval_every_steps", "checkpoint_every_steps",
-    "checkpoints_kept", "eval_every_checkpoint", "mesh_fsdp", "mesh_tp", "remat", "dtype",
+    "checkpoints_kept", "eval_every_checkpoint", "mesh_dp", "mesh_fsdp", "mesh_tp", "remat", "dtype",
   ];
 
   function configKeys(...configs) {

@@ -34,6 +34,8 @@ def invalid_dataset(server, api) -> str:
         ({"config": {"mesh_tp": 4}}, ["body", "config", "mesh_tp"]),  # the tiny model has 2 KV heads
         ({"config": {"batch_size": 8, "grad_accum_steps": 3}}, ["body", "config", "grad_accum_steps"]),
         ({"config": {"batch_size": 3, "mesh_fsdp": 2}}, ["body", "config", "batch_size"]),
+        ({"config": {"batch_size": 6, "mesh_dp": 4}}, ["body", "config", "batch_size"]),  # 6 rows over 4 replicas
+        ({"pool": "tpu-v5p-8", "config": {"mesh_dp": 3}}, ["body", "config", "mesh_dp"]),  # 3 replicas of 4 chips
         ({"config": {"target_modules": ["q_proj", "qkv"]}}, ["body", "config", "target_modules"]),
         ({"dataset_id": "ds-doesnotexist"}, ["body", "dataset_id"]),
         ({"base_model": "llama-9"}, ["body", "base_model"]),

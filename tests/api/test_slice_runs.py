@@ -133,9 +133,11 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, pag
     assert r.status_code == 422 and "absolute path" in r.text, r.text
 
     # Host 1's chips are taken by another job: its part waits, saying so, and the slice starts once
-    # they are free.
+    # they are free. The run trains 4 replicas of the model, one per device (the other slice tests
+    # shard it, fsdp=4, the default).
     with slice_s1.chips_taken(1, "endpoint ep-elsewhere"):
-        r = api.post("/api/v1/runs", json={**body, "pool": "cpu-slice"})
+        replicas = {**body, "pool": "cpu-slice", "config": {**SLICE_CONFIG, "mesh_dp": 4}}
+        r = api.post("/api/v1/runs", json=replicas)
         assert r.status_code == 201, r.text
 
         def host_1_waits():
@@ -145,6 +147,7 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, pag
         server.wait_for(host_1_waits, timeout=60, what="host 1's part to wait for its chips")
     run = wait_run(server, api, r.json()["id"], timeout=400)
     assert run["status"] == "succeeded", (run["error"], slice_s1.logs())
+    assert (run["config"]["mesh_dp"], run["config"]["mesh_fsdp"], run["config"]["mesh_tp"]) == (4, 1, 1)
 
     # One JAX program over both hosts, recorded by process 0; each fed half of every batch.
     events = api.get(f"/api/v1/runs/{run['id']}/events", params={"limit": 500}).json()["data"]
@@ -152,6 +155,7 @@ def test_a_run_on_a_two_host_slice_trains_across_both(server, api, slice_s1, pag
     (joined,) = [m for m in messages if "jax.process_count() == 2" in m]
     assert "each process feeds 4 of the 8 rows" in joined, joined
     assert any("host 1 of slice s1 (cpu-slice@host-1) is joining" in m for m in messages), messages
+    assert "mesh: dp=4 x fsdp=1 x tp=1 over 4 devices (4 replicas: one gradient sum a step)" in messages
     waited = [m for m in messages if m.startswith("host 1 of slice s1: waiting for chips on host ")]
     assert len(waited) == 1 and waited[0].endswith(": held by endpoint ep-elsewhere"), messages
     assert run["attempts"] == 1  # waiting for chips took no attempt

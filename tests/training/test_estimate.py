@@ -44,6 +44,21 @@ def test_the_estimate_lists_the_settings_that_fit():
         assert estimate.estimate(base, config, pool, 4, 1, None).fits
 
 
+def test_replicas_each_hold_the_weights_over_their_own_chips():
+    base = BASE_MODELS["gemma-4-31b"]
+    pool = Pool(name="tpu-v5p-8", accelerator="tpu-v5p-8", chips=4, price_per_chip_hour=4.2)
+    config = RunConfig(batch_size=4, max_seq_len=512, dtype="bfloat16", max_steps=100)
+    sharded = estimate.estimate(base, config, pool, 4, 1, 10**6)
+    halves = estimate.estimate(base, config, pool, 2, 1, 10**6, dp=2)
+    whole = estimate.estimate(base, config, pool, 1, 1, 10**6, dp=4)
+    assert halves.mesh == "dp=2 x fsdp=2 x tp=1" and sharded.mesh == "fsdp=4 x tp=1"
+    # Two replicas of two chips each: each chip holds half of the 57 GiB, twice what four shards hold.
+    assert halves.weights_gib_per_chip == pytest.approx(2 * sharded.weights_gib_per_chip)
+    assert halves.fits and halves.seconds == sharded.seconds  # the same chips at work on the same tokens
+    # Four replicas of one chip: the weights and the step's second copy of them exceed a chip's 95 GB.
+    assert not whole.fits and whole.lower == "config.mesh_dp" and "mesh_dp" in whole.warning
+
+
 def test_auto_chunking_kicks_in_above_256_mib_of_logits():
     """The engine's choice of loss (estimate.loss_chunk, which worker/training/engine.py calls)."""
     assert estimate.loss_chunk(None, 128, 1280) is None

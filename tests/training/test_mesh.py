@@ -1,5 +1,5 @@
 """Training over a 4-device mesh (fsdp x tp) of fake CPU devices, and verifying its merge over the same
-devices, in a fresh process."""
+devices, in a fresh process; and over replicas of a tensor-parallel model (dp x tp) with LoRA dropout."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_four_device_mesh(make_spec, tmp_path, jax_cache_dir):
     """fsdp=2 x tp=2 over 4 fake CPU devices, in a fresh process (XLA_FLAGS must precede JAX)."""
     spec = make_spec(max_steps=4, output_dir=str(tmp_path / "mesh"), mesh_fsdp=2, mesh_tp=2)
+    # Two replicas, each a tp=2 model, with LoRA dropout (random keys that the replicas advance): it learns.
+    replicas = make_spec(
+        max_steps=4, output_dir=str(tmp_path / "replicas"), mesh_dp=2, mesh_tp=2, lora_dropout=0.1, batch_size=4
+    )
     script = f"""
 import json
 from worker.training import engine
@@ -40,7 +44,11 @@ checkpoint = f"{{spec.output_dir}}/checkpoints/{{res.final_step}}"
 merge_lora(spec.base_model_dir, checkpoint, f"{{spec.output_dir}}/merged", **lora)
 report = verify_merged(f"{{spec.output_dir}}/merged", spec.base_model_dir, checkpoint, **lora,
                        target_modules=spec.target_modules)
-print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verification": report}}))
+r2 = R()
+r2.steps = {{}}
+res2 = engine.train(engine.TrainSpec(**json.loads({json.dumps(json.dumps(replicas.__dict__))})), r2)
+print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verification": report,
+                            "replicas": {{"final": res2.final_step, "losses": r2.steps}}}}))
 """
     env = {
         **os.environ,
@@ -55,6 +63,8 @@ print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verifi
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     losses = [out["losses"][str(s)] for s in range(1, 5)]
     assert out["final"] == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    dropped = [out["replicas"]["losses"][str(s)] for s in range(1, 5)]
+    assert out["replicas"]["final"] == 4 and all(math.isfinite(x) for x in dropped) and dropped[-1] < dropped[0]
 
     # Verification spreads each model over the host's devices as training does (fsdp): each of the 4 holds
     # about a quarter of the merged weights (a 31B merge, 57 GiB in bfloat16, fits a v6e-8's 31.25 GiB

@@ -1,6 +1,7 @@
 """Training as JAX's multi-controller program: 2 processes x 2 CPU devices joined by
 ``jax.distributed.initialize`` (gloo collectives) learn exactly what 1 process on a 4-device mesh learns
-from the same seed and global batch."""
+from the same seed and global batch, whether the weights are sharded over the 4 devices (fsdp) or copied
+to 4 replicas that sum their gradients as one buffer (dp)."""
 
 from __future__ import annotations
 
@@ -75,11 +76,12 @@ def train_in(processes: int, spec, tmp_path: Path, jax_cache_dir: Path) -> list[
 
 
 def test_two_processes_learn_what_one_process_learns_on_the_same_mesh(make_spec, tmp_path, jax_cache_dir):
-    def spec(name: str):
+    def spec(name: str, dp: int = 1):
         return make_spec(
             max_steps=6,
             batch_size=8,
-            mesh_fsdp=4,
+            mesh_dp=dp,
+            mesh_fsdp=4 // dp,
             checkpoint_every_steps=3,
             eval_every_steps=3,
             output_dir=str(tmp_path / name),
@@ -87,6 +89,7 @@ def test_two_processes_learn_what_one_process_learns_on_the_same_mesh(make_spec,
 
     (alone,) = train_in(1, spec("alone"), tmp_path, jax_cache_dir)
     both = train_in(2, spec("slice"), tmp_path, jax_cache_dir)
+    replicas = train_in(2, spec("replicas", dp=4), tmp_path, jax_cache_dir)
 
     assert alone["processes"] == 1 and [b["processes"] for b in both] == [2, 2]
     assert alone["devices"] == both[0]["devices"] == 4
@@ -107,3 +110,12 @@ def test_two_processes_learn_what_one_process_learns_on_the_same_mesh(make_spec,
     assert both[0]["checkpoints"] == both[1]["checkpoints"] == alone["checkpoints"] == [3, 6]
     saved = tmp_path / "slice" / "checkpoints"
     assert sorted(p.name for p in saved.iterdir() if p.name.isdigit()) == ["3", "6"]
+
+    # Four replicas across the two processes (each replica's gradients of its own 2 rows, weighted by the
+    # tokens it scored and summed as one buffer) take the same steps as the one process's fsdp step of
+    # Tunix's own, which takes the mean over all 8 rows at once.
+    assert replicas[0]["rows"] == 8 and replicas[0]["checkpoints"] == [3, 6]
+    assert replicas[0]["losses"]["1"] == pytest.approx(alone["losses"]["1"], rel=1e-6)
+    for step, loss in alone["losses"].items():
+        assert replicas[0]["losses"][step] == pytest.approx(loss, rel=1e-3), step
+        assert replicas[1]["losses"][step] == replicas[0]["losses"][step]

@@ -48,6 +48,8 @@ import optax
 import orbax.checkpoint as ocp
 import qwix
 from flax import nnx
+from jax.interpreters import pxla
+from jax.sharding import NamedSharding, PartitionSpec
 from tunix.sft import hooks as tunix_hooks
 from tunix.sft import peft_trainer
 from tunix.utils import mesh as mesh_lib
@@ -104,6 +106,9 @@ class TrainSpec:
     quantization: str | None
     enable_thinking: bool = False  # the chat template's switch, for data with thinking (Gemma 4: <|think|>)
     loss_chunk_tokens: int | None = None  # None: chunked only where the logits are large (loss.py)
+    # Replicas of the model (the mesh's dp axis): the weights are copied to each, not sharded over them,
+    # and each step's gradients are summed across replicas as one flat buffer (see `replica_train_step`).
+    mesh_dp: int = 1
 
 
 class Reporter(Protocol):
@@ -169,11 +174,12 @@ def validate_spec(spec: TrainSpec) -> None:
     need(spec.max_steps is None or spec.max_steps >= 1, "max_steps must be >= 1")
     need(spec.eval_every_steps >= 1 and spec.checkpoint_every_steps >= 1, "eval/checkpoint intervals must be >= 1")
     need(spec.checkpoints_kept >= 1, "checkpoints_kept must be >= 1")
-    need(spec.mesh_fsdp >= 1 and spec.mesh_tp >= 1, "mesh_fsdp and mesh_tp must be >= 1")
+    need(spec.mesh_dp >= 1 and spec.mesh_fsdp >= 1 and spec.mesh_tp >= 1, "mesh_dp, mesh_fsdp and mesh_tp must be >= 1")
     need(0 <= spec.validation_fraction < 1, "validation_fraction must be in [0, 1)")
     need(
-        jax.process_count() == 1 or spec.batch_size % spec.mesh_fsdp == 0,
-        f"on a slice the micro-batch ({spec.batch_size} rows) must divide over mesh_fsdp={spec.mesh_fsdp}",
+        spec.batch_size % spec.mesh_dp == 0 and (jax.process_count() == 1 or spec.batch_size % spec.mesh_fsdp == 0),
+        f"the micro-batch ({spec.batch_size} rows) must divide over mesh_dp={spec.mesh_dp}"
+        + (f" x mesh_fsdp={spec.mesh_fsdp} on a slice" if jax.process_count() > 1 else ""),
     )
     models.lora_module_path(spec.target_modules)  # raises on unknown names
     if spec.quantization is not None:
@@ -184,19 +190,21 @@ def validate_spec(spec: TrainSpec) -> None:
         )
 
 
-def make_mesh(fsdp: int, tp: int) -> jax.sharding.Mesh:
-    """An (fsdp, tp) mesh over the first fsdp*tp devices, with Auto axis types (Tunix's Gemma 4
-    embedding lookup fails under jax.make_mesh's default Explicit axes)."""
-    n = fsdp * tp
+def make_mesh(fsdp: int, tp: int, dp: int = 1) -> jax.sharding.Mesh:
+    """A (dp, fsdp, tp) mesh over the first dp*fsdp*tp devices, with Auto axis types (Tunix's Gemma 4
+    embedding lookup fails under jax.make_mesh's default Explicit axes). The model's sharding names
+    only fsdp and tp: its weights are copied to each of the dp replicas."""
+    n = dp * fsdp * tp
     devices = jax.devices()
+    shape = f"dp={dp} x fsdp={fsdp} x tp={tp}" if dp > 1 else f"fsdp={fsdp} x tp={tp}"
     if n > len(devices):
-        raise ValueError(f"mesh fsdp={fsdp} x tp={tp} needs {n} devices; this host has {len(devices)}")
+        raise ValueError(f"mesh {shape} needs {n} devices; this host has {len(devices)}")
     if jax.process_count() > 1 and n != len(devices):
         raise ValueError(
-            f"mesh fsdp={fsdp} x tp={tp} is {n} devices; a slice's run uses all of its "
+            f"mesh {shape} is {n} devices; a slice's run uses all of its "
             f"{len(devices)} ({jax.process_count()} hosts x {jax.local_device_count()})"
         )
-    return mesh_lib.create_mesh((fsdp, tp), ("fsdp", "tp"), devices=devices[:n])
+    return mesh_lib.create_mesh((dp, fsdp, tp), ("dp", "fsdp", "tp"), devices=devices[:n])
 
 
 def check_mesh(config: models.ModelConfig, fsdp: int, tp: int) -> None:
@@ -318,12 +326,14 @@ def make_trainer(model, spec: TrainSpec, config: models.ModelConfig, total_steps
             max_to_keep=spec.checkpoints_kept,
             enable_async_checkpointing=False,
         ),
-        data_sharding_axis=("fsdp",),
+        # the batch's rows over the replicas, then over fsdp within each (a spec entry may name two axes)
+        data_sharding_axis=(("dp", "fsdp"),),  # pyright: ignore[reportArgumentType] (typed as names only)
         pbar_description=None,
     )
     trainer = _Trainer(model, make_optimizer(spec, total_steps), training_config)
     trainer.step_outputs = []
-    tokens_per_device = spec.batch_size * spec.max_seq_len // spec.mesh_fsdp
+    trainer.replicas = spec.mesh_dp
+    tokens_per_device = spec.batch_size * spec.max_seq_len // (spec.mesh_dp * spec.mesh_fsdp)
     trainer.loss_chunk_tokens = estimate.loss_chunk(spec.loss_chunk_tokens, tokens_per_device, config.num_embed)
     if trainer.loss_chunk_tokens:
         trainer.with_loss_fn(loss_lib.chunked_loss_fn(trainer.loss_chunk_tokens))
@@ -334,14 +344,16 @@ def make_trainer(model, spec: TrainSpec, config: models.ModelConfig, total_steps
 
 
 class _Trainer(peft_trainer.PeftTrainer):
-    """PeftTrainer whose train step also hands back the loss and the gradient norm as aux."""
+    """PeftTrainer whose train step also hands back the loss and the gradient norm as aux; with
+    replicas, the step is `replica_train_step`."""
 
     step_outputs: list
     loss_chunk_tokens: int | None = None
     global_rows: int | None = None  # the rows of a micro-batch as the step sees it: all processes' together
+    replicas: int = 1
 
     def create_train_step_fn(self):
-        base = super().create_train_step_fn()
+        base = super().create_train_step_fn() if self.replicas == 1 else self.replica_train_step
 
         def train_step(model, optimizer, inputs):
             self.global_rows = jax.tree.leaves(inputs)[0].shape[0]  # when traced: the global array's shape
@@ -352,6 +364,55 @@ class _Trainer(peft_trainer.PeftTrainer):
 
     def _post_process_train_step(self, aux) -> None:
         self.step_outputs.append(aux)
+
+    def replica_train_step(self, model, optimizer, inputs):
+        """Tunix's train step (same loss, same update) over ``replicas`` copies of the model, with the
+        gradients summed across them as one flat buffer: one all-reduce per step.
+
+        Left to XLA's partitioner, a step over a batch split across replicas sums each LoRA parameter's
+        gradient on its own, and XLA's CPU compiler combines none of them; gloo then pays its latency
+        once per array (dozens a step: bench/slice.py counts them). So each replica computes its
+        gradients of its own rows (``jax.vmap`` over the replica axis, sharded on dp: no collective
+        inside), weighted by the tokens it scored, and one concatenated buffer of every gradient, the
+        weighted losses and the token counts is summed across replicas. Dividing by the tokens in all
+        gives the mean over the whole batch, which is what Tunix's loss takes on the whole batch. Each
+        replica draws its own dropout masks (its index folded into the random keys)."""
+        inputs = self.gen_model_input_fn(inputs)
+        r = self.replicas
+        graphdef, lora, keys, counts, rest = nnx.split(model, nnx.LoRAParam, nnx.RngKey, nnx.RngCount, ...)
+        mesh = pxla.thread_resources.env.physical_mesh
+
+        def by_replica(x):  # (B, ...) -> (R, B / R, ...): replica i's rows on the dp axis
+            x = x.reshape(r, x.shape[0] // r, *x.shape[1:])
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec("dp", "fsdp")))
+
+        batches = jax.tree.map(by_replica, inputs)
+        tokens = jnp.sum(batches["input_mask"][:, :, 1:], axis=(1, 2)).astype(jnp.float32)  # scored, per replica
+
+        def replica(lora, keys, counts, rest, index, batch):
+            # Every state goes in as an argument (nnx refuses Variables of an outer trace), and each
+            # replica's random keys get its index folded in; the counts it advances come back out.
+            keys = jax.tree.map(lambda k: jax.random.fold_in(k, index), keys)
+            copy = nnx.merge(graphdef, lora, keys, counts, rest)
+            loss, grads = nnx.value_and_grad(self.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(copy, **batch)
+            return loss, grads, nnx.state(copy, nnx.RngCount)
+
+        losses, grads, new_counts = jax.vmap(
+            replica, in_axes=(None, None, None, None, 0, 0), out_axes=(0, 0, None), spmd_axis_name="dp"
+        )(lora, keys, counts, rest, jnp.arange(r), batches)
+        leaves, treedef = jax.tree.flatten(grads)
+        columns = [tokens[:, None] * g.reshape(r, -1).astype(jnp.float32) for g in leaves]
+        summed = jnp.sum(jnp.concatenate([*columns, (tokens * losses)[:, None], tokens[:, None]], axis=1), axis=0)
+        total = summed[-1] + 1e-8
+        sizes = np.cumsum([math.prod(g.shape[1:]) for g in leaves])[:-1]
+        pieces = jnp.split(summed[:-2] / total, sizes)
+        grads = jax.tree.unflatten(
+            treedef, [p.reshape(g.shape[1:]).astype(g.dtype) for p, g in zip(pieces, leaves, strict=True)]
+        )
+        nnx.update(model, new_counts)
+        grad_norm = optax.global_norm(grads)
+        optimizer.update(model, grads)
+        return summed[-2] / total, None, grad_norm
 
 
 class _Checkpoints:
@@ -681,7 +742,11 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
         f"({'packed' if spec.packing else 'padded'}), {total_steps} steps ({time.perf_counter() - t:.2f} s)"
     )
 
-    mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp)
+    mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp, spec.mesh_dp)
+    reporter.log(
+        f"mesh: dp={spec.mesh_dp} x fsdp={spec.mesh_fsdp} x tp={spec.mesh_tp} over {mesh.devices.size} devices"
+        + (f" ({spec.mesh_dp} replicas: one gradient sum a step)" if spec.mesh_dp > 1 else "")
+    )
     if jax.process_count() > 1:
         reporter.log(
             f"slice: jax.process_count() == {jax.process_count()} (this is process {jax.process_index()}), "
