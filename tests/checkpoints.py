@@ -370,25 +370,44 @@ def write_scripted_gemma4(dest: Path, script: list[str]) -> Path:
 NEW_TRANSFORMERS = Path(__file__).resolve().parent.parent / ".venv" / "transformers-5.18"
 
 
-def config_by_new_transformers(**kwargs) -> dict:
+_NEW_CONFIGS: dict[str, dict] = {}  # written by transformers 5.18 so far in this process, by arguments
+
+
+def configs_by_new_transformers(*arguments: dict) -> list[dict]:
     """The config.json that transformers 5.18's own ``Gemma4TextConfig(**kwargs).save_pretrained``
-    writes: the global layers' shape as ``per_layer_config``, no ``global_head_dim`` or
-    ``num_global_key_value_heads``. That transformers needs a newer safetensors than Tunix allows,
-    so it runs in a process of its own from the folder ``make .venv/.installed-dev`` fills."""
+    writes for each argument set: the global layers' shape as ``per_layer_config``, no
+    ``global_head_dim`` or ``num_global_key_value_heads``. That transformers needs a newer safetensors
+    than Tunix allows, so it runs in a process of its own from the folder ``make .venv/.installed-dev``
+    fills: one process for every set not written yet (importing transformers is most of its time)."""
+    import copy
     import os
     import subprocess
     import sys
     import tempfile
 
-    assert (NEW_TRANSFORMERS / "transformers").is_dir(), f"{NEW_TRANSFORMERS} is missing: run make .venv/.installed-dev"
-    script = (
-        "import json, sys\n"
-        "import transformers\n"
-        "assert transformers.__version__ == '5.18.0', transformers.__version__\n"
-        "from transformers import Gemma4TextConfig\n"
-        "Gemma4TextConfig(**json.loads(sys.argv[1])).save_pretrained(sys.argv[2])\n"
-    )
-    with tempfile.TemporaryDirectory() as out:
-        env = {**os.environ, "PYTHONPATH": str(NEW_TRANSFORMERS)}
-        subprocess.run([sys.executable, "-c", script, json.dumps(kwargs), out], env=env, check=True, timeout=120)
-        return json.loads((Path(out) / "config.json").read_text())
+    keys = [json.dumps(a, sort_keys=True) for a in arguments]
+    missing = [k for k in dict.fromkeys(keys) if k not in _NEW_CONFIGS]
+    if missing:
+        assert (NEW_TRANSFORMERS / "transformers").is_dir(), (
+            f"{NEW_TRANSFORMERS} is missing: run make .venv/.installed-dev"
+        )
+        script = (
+            "import json, sys\n"
+            "import transformers\n"
+            "assert transformers.__version__ == '5.18.0', transformers.__version__\n"
+            "from transformers import Gemma4TextConfig\n"
+            "for i, kwargs in enumerate(json.loads(sys.argv[1])):\n"
+            "    Gemma4TextConfig(**kwargs).save_pretrained(f'{sys.argv[2]}/{i}')\n"
+        )
+        with tempfile.TemporaryDirectory() as out:
+            env = {**os.environ, "PYTHONPATH": str(NEW_TRANSFORMERS)}
+            batch = json.dumps([json.loads(k) for k in missing])
+            subprocess.run([sys.executable, "-c", script, batch, out], env=env, check=True, timeout=120)
+            for i, key in enumerate(missing):
+                _NEW_CONFIGS[key] = json.loads((Path(out) / str(i) / "config.json").read_text())
+    return [copy.deepcopy(_NEW_CONFIGS[k]) for k in keys]
+
+
+def config_by_new_transformers(**kwargs) -> dict:
+    """``configs_by_new_transformers`` of one argument set."""
+    return configs_by_new_transformers(kwargs)[0]

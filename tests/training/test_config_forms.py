@@ -4,7 +4,6 @@ transformers 5.12 writes) and the newer one (``per_layer_config``; what transfor
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 
@@ -14,7 +13,7 @@ from tunix.models.gemma4.model import ModelConfig
 from app.base_models import hf_config
 from app.base_models.presets import BASE_MODELS
 from app.base_models.service import BaseModelError, check_source
-from tests.checkpoints import config_by_new_transformers
+from tests.checkpoints import config_by_new_transformers, configs_by_new_transformers
 from tests.training.test_models import gemma4_31b_config_json
 from worker.training import models, tiny
 
@@ -56,6 +55,12 @@ CASES = {
 }
 
 
+def newer_form(kwargs: dict) -> dict:
+    """``kwargs``' config as transformers 5.18 writes it; the first call writes every case's at once."""
+    configs_by_new_transformers(*(make() for make, _ in CASES.values()))
+    return config_by_new_transformers(**kwargs)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_both_forms_map_to_the_preset(name):
     make_arguments, preset = CASES[name]
@@ -63,7 +68,7 @@ def test_both_forms_map_to_the_preset(name):
 
     release = Gemma4TextConfig(**make_arguments()).to_dict()  # the installed transformers (5.12)
     assert release["global_head_dim"] == make_arguments()["global_head_dim"]
-    newer = config_by_new_transformers(**make_arguments())
+    newer = newer_form(make_arguments())
     assert "global_head_dim" not in newer and "num_global_key_value_heads" not in newer
     assert newer["per_layer_config"]  # the global layers' overrides
     assert models.model_config_from_hf(release) == preset()
@@ -86,14 +91,9 @@ def _source(tiny_model, tmp_path, text: dict):
     return dest
 
 
-@functools.cache
-def _newer_tiny_json() -> str:
-    return json.dumps(config_by_new_transformers(**arguments(tiny.tiny_config_json(tiny.TOKENIZER_VOCAB_SIZE))))
-
-
 def _newer_tiny() -> dict:
-    """The tiny model's config as transformers 5.18 writes it (written once: a process of its own)."""
-    return json.loads(_newer_tiny_json())
+    """The tiny model's config as transformers 5.18 writes it."""
+    return newer_form(arguments(tiny.tiny_config_json(tiny.TOKENIZER_VOCAB_SIZE)))
 
 
 def _with(**changes):
