@@ -16,9 +16,10 @@ Both sides run Tunedeck's training engine (``worker.training.engine.train``) on 
 Steps/s is 1 / the median of the engine's ``step_time_s`` (wall time between step ends) over the steps
 after the first ``--skip`` (compile and warm-up), best of ``--repeat`` runs per side. The collectives per
 step are counted in XLA's optimized program of the train step (``--xla_dump_to``): all-reduce,
-all-gather, reduce-scatter, collective-permute and all-to-all ops, plus the one broadcast per step that
-carries process 0's stop decision to the others. On this CPU stand-in each one is a gloo exchange over
-loopback that costs milliseconds whatever its size, so their number is what the ratio measures.
+all-gather, reduce-scatter, collective-permute and all-to-all ops (with the arrays of those that carry a
+tuple), plus the one broadcast per step that carries process 0's stop decision to the others. On this CPU
+stand-in each array is a gloo exchange over loopback that costs milliseconds whatever its size, so their
+number is what the ratio measures.
 
 Goal: slice / one process >= 0.8 on the replicated mesh. It reports; it does not assert.
 """
@@ -155,14 +156,19 @@ def train(processes: int, spec: Path, work: Path, dump: Path | None = None) -> l
     return [times[k] for k in sorted(times, key=int)]
 
 
-def collectives(dump: Path) -> dict[str, int]:
-    """Collective ops in the optimized program of the train step (the largest optimized module)."""
+def collectives(dump: Path) -> dict[str, tuple[int, int]]:
+    """Collective ops in the optimized program of the train step (the largest optimized module), and the
+    arrays they carry: XLA may make one op of several arrays (a tuple), which gloo still sends one by one."""
     modules = sorted(dump.glob("*after_optimizations.txt"), key=lambda p: p.stat().st_size)
     step = next((p for p in reversed(modules) if "train_step" in p.name), modules[-1] if modules else None)
     if step is None:
         return {}
     text = step.read_text(errors="replace")
-    return {op: len(re.findall(rf"\b{op}(?:-start)?\(", text)) for op in COLLECTIVES}
+    counts = {}
+    for op in COLLECTIVES:
+        calls = re.findall(rf"\b{op}(?:-start)?\(([^)]*)\)", text)
+        counts[op] = (len(calls), sum(max(1, call.count("%")) for call in calls))
+    return counts
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -186,7 +192,12 @@ def measure(args, text: str, work: Path) -> float:
             print(f"  {text}, {processes} process(es), round {attempt + 1}: {rate:.2f} steps/s", flush=True)
     counts = collectives(work / f"dump-{text}")
     ratio = best[2] / best[1]
-    ops = ", ".join(f"{n} {op}" for op, n in counts.items() if n) or "none found"
+    ops = (
+        ", ".join(
+            f"{n} {op}" + (f" ({arrays} arrays)" if arrays > n else "") for op, (n, arrays) in counts.items() if n
+        )
+        or "none found"
+    )
     print(
         f"{text}: slice (2 processes x 2 devices) {best[2]:.2f} steps/s; one process (4 devices) {best[1]:.2f} "
         f"steps/s; ratio {ratio:.3f}; collectives per step: {ops} in the train step, +1 broadcast (the stop "

@@ -366,17 +366,21 @@ class _Trainer(peft_trainer.PeftTrainer):
         self.step_outputs.append(aux)
 
     def replica_train_step(self, model, optimizer, inputs):
-        """Tunix's train step (same loss, same update) over ``replicas`` copies of the model, with the
-        gradients summed across them as one flat buffer: one all-reduce per step.
+        """Tunix's train step (same loss, same update) over ``replicas`` copies of the model, each of its
+        rows weighing what it weighs in Tunix's loss over the whole batch.
 
-        Left to XLA's partitioner, a step over a batch split across replicas sums each LoRA parameter's
-        gradient on its own, and XLA's CPU compiler combines none of them; gloo then pays its latency
-        once per array (dozens a step: bench/slice.py counts them). So each replica computes its
-        gradients of its own rows (``jax.vmap`` over the replica axis, sharded on dp: no collective
-        inside), weighted by the tokens it scored, and one concatenated buffer of every gradient, the
-        weighted losses and the token counts is summed across replicas. Dividing by the tokens in all
-        gives the mean over the whole batch, which is what Tunix's loss takes on the whole batch. Each
-        replica draws its own dropout masks (its index folded into the random keys)."""
+        Each replica computes the gradients of its own rows (``jax.vmap`` over the replica axis, sharded
+        on dp: no collective between replicas inside), weighted by the tokens it scored; their sum over
+        the replicas, divided by the tokens in all, is the gradient of the mean over the whole batch,
+        which is what Tunix's loss takes. Each replica draws its own dropout masks (its index folded
+        into the random keys).
+
+        Where each replica is one device, every gradient, the weighted losses and the token counts are
+        concatenated and summed across replicas as one flat buffer: one all-reduce a step. Left to XLA,
+        the sum is one all-reduce per LoRA array (a tuple of them at best), and gloo, the collectives of
+        CPU hosts, pays its latency once per array: dozens a step (bench/slice.py). Where a replica
+        spans devices (fsdp or tp within it), its gradients are sharded over them, and concatenating
+        them would gather and permute each one first: each array is summed on its own there."""
         inputs = self.gen_model_input_fn(inputs)
         r = self.replicas
         graphdef, lora, keys, counts, rest = nnx.split(model, nnx.LoRAParam, nnx.RngKey, nnx.RngCount, ...)
@@ -400,19 +404,27 @@ class _Trainer(peft_trainer.PeftTrainer):
         losses, grads, new_counts = jax.vmap(
             replica, in_axes=(None, None, None, None, 0, 0), out_axes=(0, 0, None), spmd_axis_name="dp"
         )(lora, keys, counts, rest, jnp.arange(r), batches)
-        leaves, treedef = jax.tree.flatten(grads)
-        columns = [tokens[:, None] * g.reshape(r, -1).astype(jnp.float32) for g in leaves]
-        summed = jnp.sum(jnp.concatenate([*columns, (tokens * losses)[:, None], tokens[:, None]], axis=1), axis=0)
-        total = summed[-1] + 1e-8
-        sizes = np.cumsum([math.prod(g.shape[1:]) for g in leaves])[:-1]
-        pieces = jnp.split(summed[:-2] / total, sizes)
-        grads = jax.tree.unflatten(
-            treedef, [p.reshape(g.shape[1:]).astype(g.dtype) for p, g in zip(pieces, leaves, strict=True)]
-        )
+        if mesh.shape["fsdp"] * mesh.shape["tp"] == 1:
+            leaves, treedef = jax.tree.flatten(grads)
+            columns = [tokens[:, None] * g.reshape(r, -1).astype(jnp.float32) for g in leaves]
+            summed = jnp.sum(jnp.concatenate([*columns, (tokens * losses)[:, None], tokens[:, None]], axis=1), axis=0)
+            total = summed[-1] + 1e-8
+            sizes = np.cumsum([math.prod(g.shape[1:]) for g in leaves])[:-1]
+            pieces = jnp.split(summed[:-2] / total, sizes)
+            grads = jax.tree.unflatten(
+                treedef, [p.reshape(g.shape[1:]).astype(g.dtype) for p, g in zip(pieces, leaves, strict=True)]
+            )
+            loss = summed[-2] / total
+        else:
+            total = jnp.sum(tokens) + 1e-8
+            grads = jax.tree.map(
+                lambda g: (jnp.tensordot(tokens, g.astype(jnp.float32), axes=1) / total).astype(g.dtype), grads
+            )
+            loss = jnp.sum(tokens * losses) / total
         nnx.update(model, new_counts)
         grad_norm = optax.global_norm(grads)
         optimizer.update(model, grads)
-        return summed[-2] / total, None, grad_norm
+        return loss, None, grad_norm
 
 
 class _Checkpoints:
