@@ -23,9 +23,13 @@ class Channel(kombu_sqla.Channel):
         try:
             return super()._get_or_create(queue)
         except IntegrityError:
-            # Another process inserted it between our look-up and our insert: it exists now.
+            # Another process inserted it between our look-up and our insert: it exists now (else the
+            # constraint that failed was another, and so is the error).
             self.session.rollback()
-            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+            found = self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).first()
+            if found is None:
+                raise
+            return found
 
     def close(self):
         super().close()
@@ -39,6 +43,8 @@ class Transport(kombu_sqla.Transport):
 
 
 def register() -> None:
-    """Make ``sqla+...`` and ``sqlalchemy+...`` broker URLs use this transport (idempotent)."""
+    """Make ``sqla+...`` and ``sqlalchemy+...`` broker URLs use this transport (idempotent), also where
+    kombu resolved one of them before."""
     for alias in ("sqla", "sqlalchemy"):
         transport.TRANSPORT_ALIASES[alias] = f"{__name__}:Transport"
+        transport._transport_cache.pop(alias, None)

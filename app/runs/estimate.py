@@ -98,9 +98,9 @@ def step_memory(
     replicas: int = 1,
 ) -> Memory:
     """The memory model of the train step for one micro-batch of ``batch_per_chip`` rows per chip, the
-    weights split over ``chips`` (one replica's); with replicas, the step also concatenates every LoRA
-    gradient into the one buffer it sums across them: one more f32 copy (XLA's temporaries grew by 1.2
-    copies with replicas, measured on the tiny model at LoRA rank 256, where the LoRA weights dominate)."""
+    weights split over ``chips`` (one replica's); with replicas of one chip each, the step also concatenates
+    every LoRA gradient into the one buffer it sums across them: one more f32 copy (XLA's temporaries grew by
+    1.2 copies with replicas, measured on the tiny model at LoRA rank 256, where the LoRA weights dominate)."""
     act_bytes = 2 if dtype == "bfloat16" else 4
     if weight_bytes is None:
         weight_bytes = act_bytes
@@ -127,7 +127,7 @@ def step_memory(
         logits=logits,
         attention=attention,
         layers=layers,
-        lora_grads=(8 if replicas > 1 else 4) * lora / chips,
+        lora_grads=(8 if replicas > 1 and chips == 1 else 4) * lora / chips,
     )
 
 

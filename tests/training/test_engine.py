@@ -173,6 +173,8 @@ def test_bad_specs_are_refused(Recorder, make_spec):
         engine.train(make_spec(quantization="nf4"), Recorder())
     with pytest.raises(ValueError, match="mesh_tp=3"):
         engine.train(make_spec(mesh_tp=3), Recorder())
+    with pytest.raises(ValueError, match=r"6 rows\) must divide over mesh_dp=2 x mesh_fsdp=2"):
+        engine.train(make_spec(batch_size=6, mesh_dp=2, mesh_fsdp=2), Recorder())
     with pytest.raises(ValueError, match="unknown target"):
         engine.train(make_spec(target_modules=("lm_head",)), Recorder())
     with pytest.raises(ValueError, match="lr_schedule"):

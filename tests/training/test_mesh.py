@@ -1,5 +1,6 @@
 """Training over a 4-device mesh (fsdp x tp) of fake CPU devices, and verifying its merge over the same
-devices, in a fresh process; and over replicas of a tensor-parallel model (dp x tp) with LoRA dropout."""
+devices, in a fresh process; and over replicas of a tensor-parallel model (dp x tp), which learn the same,
+each drawing its own dropout masks."""
 
 from __future__ import annotations
 
@@ -10,26 +11,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_four_device_mesh(make_spec, tmp_path, jax_cache_dir):
     """fsdp=2 x tp=2 over 4 fake CPU devices, in a fresh process (XLA_FLAGS must precede JAX)."""
     spec = make_spec(max_steps=4, output_dir=str(tmp_path / "mesh"), mesh_fsdp=2, mesh_tp=2)
-    # Two replicas, each a tp=2 model, with LoRA dropout (random keys that the replicas advance): it learns.
-    replicas = make_spec(
-        max_steps=4, output_dir=str(tmp_path / "replicas"), mesh_dp=2, mesh_tp=2, lora_dropout=0.1, batch_size=4
-    )
+    # Two replicas, each a tp=2 model: each replica's gradients summed array by array (it spans 2 devices).
+    replicas = make_spec(max_steps=4, output_dir=str(tmp_path / "replicas"), mesh_dp=2, mesh_tp=2)
     script = f"""
 import json
-from worker.training import engine
+import numpy as np
+from flax import nnx
+from worker.training import engine, models
 import jax
 assert jax.device_count() == 4, jax.devices()
 class R:
-    steps = {{}}
+    def __init__(self):
+        self.steps, self.norms = {{}}, {{}}
     def phase(self, n): pass
     def metrics(self, s, v):
-        if "loss" in v: self.steps[s] = v["loss"]
+        if "loss" in v: self.steps[s], self.norms[s] = v["loss"], v["grad_norm"]
     def checkpoint(self, s, p, kept): pass
     def log(self, l): pass
     def held_out(self, lines): pass
@@ -45,10 +49,21 @@ merge_lora(spec.base_model_dir, checkpoint, f"{{spec.output_dir}}/merged", **lor
 report = verify_merged(f"{{spec.output_dir}}/merged", spec.base_model_dir, checkpoint, **lora,
                        target_modules=spec.target_modules)
 r2 = R()
-r2.steps = {{}}
-res2 = engine.train(engine.TrainSpec(**json.loads({json.dumps(json.dumps(replicas.__dict__))})), r2)
-print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verification": report,
-                            "replicas": {{"final": res2.final_step, "losses": r2.steps}}}}))
+replicas = engine.TrainSpec(**json.loads({json.dumps(json.dumps(replicas.__dict__))}))
+res2 = engine.train(replicas, r2)
+# LoRA dropout on the replicas: what each replica's copy of the model draws from its dropout stream, twice
+dropout = engine.TrainSpec(**{{**replicas.__dict__, "lora_dropout": 0.1}})
+mesh = engine.make_mesh(1, 2, 2)
+with mesh:
+    model = models.load_base_model(dropout.base_model_dir, models.resolve_config(dropout.base_model_dir), mesh=mesh)
+    model, _ = engine.apply_lora(model, dropout, engine.REMAT["none"])
+    draw = nnx.jit(lambda m: engine.per_replica(
+        m, {{"x": np.zeros((2, 1))}}, lambda copy, x: jax.random.uniform(copy.qwix_rngs["dropout"]())
+    ))
+    draws = [np.asarray(draw(model)).tolist() for _ in range(2)]
+print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "norms": r.norms, "verification": report,
+                            "replicas": {{"final": res2.final_step, "losses": r2.steps, "norms": r2.norms}},
+                            "draws": draws}}))
 """
     env = {
         **os.environ,
@@ -63,8 +78,15 @@ print("RESULT", json.dumps({{"final": res.final_step, "losses": r.steps, "verifi
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     losses = [out["losses"][str(s)] for s in range(1, 5)]
     assert out["final"] == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
-    dropped = [out["replicas"]["losses"][str(s)] for s in range(1, 5)]
-    assert out["replicas"]["final"] == 4 and all(math.isfinite(x) for x in dropped) and dropped[-1] < dropped[0]
+    # The replicas learn what the sharded model learns from the same batches.
+    assert out["replicas"]["final"] == 4
+    assert out["replicas"]["norms"]["1"] == pytest.approx(out["norms"]["1"], rel=1e-5)
+    for step, loss in out["losses"].items():
+        assert out["replicas"]["losses"][step] == pytest.approx(loss, rel=1e-3), step
+    # With dropout, each replica draws its own masks (its own random numbers), and new ones at each step.
+    (a0, a1), (b0, b1) = out["draws"]
+    assert a0 != a1 and b0 != b1, out["draws"]
+    assert {a0, a1}.isdisjoint({b0, b1}), out["draws"]
 
     # Verification spreads each model over the host's devices as training does (fsdp): each of the 4 holds
     # about a quarter of the merged weights (a 31B merge, 57 GiB in bfloat16, fits a v6e-8's 31.25 GiB

@@ -29,10 +29,12 @@ from worker.training import engine
 
 class Reporter:
     def __init__(self):
-        self.losses, self.checkpoints, self.logs = {}, [], []
+        self.losses, self.norms, self.evals, self.checkpoints, self.logs = {}, {}, {}, [], []
     def phase(self, name): pass
     def metrics(self, step, values):
         if "loss" in values: self.losses[step] = values["loss"]
+        if "grad_norm" in values: self.norms[step] = values["grad_norm"]
+        if "eval_loss" in values: self.evals[step] = values["eval_loss"]
     def checkpoint(self, step, path, kept): self.checkpoints.append(step)
     def log(self, line): self.logs.append(line)
     def held_out(self, lines): pass
@@ -41,8 +43,8 @@ class Reporter:
 r = Reporter()
 result = engine.train(engine.TrainSpec(**json.load(open(spec))), r)
 json.dump({"final": result.final_step, "rows": result.metrics["global_batch_rows"], "losses": r.losses,
-           "checkpoints": r.checkpoints, "logs": r.logs, "processes": jax.process_count(),
-           "devices": jax.device_count()}, open(out, "w"))
+           "norms": r.norms, "evals": r.evals, "checkpoints": r.checkpoints, "logs": r.logs,
+           "processes": jax.process_count(), "devices": jax.device_count()}, open(out, "w"))
 """
 
 
@@ -103,6 +105,7 @@ def test_two_processes_learn_what_one_process_learns_on_the_same_mesh(make_spec,
     # Step 1's loss is the same sums over the same rows; later steps drift by float rounding only (the
     # gradients are summed across processes in another order), at 1e-4 of the loss in 6 steps.
     assert both[0]["losses"]["1"] == pytest.approx(alone["losses"]["1"], rel=1e-6)
+    assert both[0]["norms"]["1"] == pytest.approx(alone["norms"]["1"], rel=1e-5)
     for step, loss in alone["losses"].items():
         assert both[0]["losses"][step] == pytest.approx(loss, rel=1e-3), step
         assert both[1]["losses"][step] == both[0]["losses"][step]
@@ -116,6 +119,12 @@ def test_two_processes_learn_what_one_process_learns_on_the_same_mesh(make_spec,
     # Tunix's own, which takes the mean over all 8 rows at once.
     assert replicas[0]["rows"] == 8 and replicas[0]["checkpoints"] == [3, 6]
     assert replicas[0]["losses"]["1"] == pytest.approx(alone["losses"]["1"], rel=1e-6)
+    # (Step 1's loss is the forward pass alone, LoRA's B starting at 0; its gradient norm is the backward's.)
+    assert replicas[0]["norms"]["1"] == pytest.approx(alone["norms"]["1"], rel=1e-5)
     for step, loss in alone["losses"].items():
         assert replicas[0]["losses"][step] == pytest.approx(loss, rel=1e-3), step
         assert replicas[1]["losses"][step] == replicas[0]["losses"][step]
+    # Each replica scores its own rows of the held-out batches too, weighed as the whole batch weighs them.
+    assert sorted(map(int, alone["evals"])) == [0, 3, 6]
+    for step, loss in alone["evals"].items():
+        assert replicas[0]["evals"][step] == pytest.approx(loss, rel=1e-3), step

@@ -176,10 +176,13 @@ def validate_spec(spec: TrainSpec) -> None:
     need(spec.checkpoints_kept >= 1, "checkpoints_kept must be >= 1")
     need(spec.mesh_dp >= 1 and spec.mesh_fsdp >= 1 and spec.mesh_tp >= 1, "mesh_dp, mesh_fsdp and mesh_tp must be >= 1")
     need(0 <= spec.validation_fraction < 1, "validation_fraction must be in [0, 1)")
+    # Rows split over replicas, then over fsdp within each; one process alone may leave fsdp uneven
+    # (Tunix then replicates the batch), a slice's processes each feed their own rows and may not.
+    split = spec.mesh_dp * spec.mesh_fsdp if spec.mesh_dp > 1 or jax.process_count() > 1 else 1
     need(
-        spec.batch_size % spec.mesh_dp == 0 and (jax.process_count() == 1 or spec.batch_size % spec.mesh_fsdp == 0),
-        f"the micro-batch ({spec.batch_size} rows) must divide over mesh_dp={spec.mesh_dp}"
-        + (f" x mesh_fsdp={spec.mesh_fsdp} on a slice" if jax.process_count() > 1 else ""),
+        spec.batch_size % split == 0,
+        f"the micro-batch ({spec.batch_size} rows) must divide over "
+        f"mesh_dp={spec.mesh_dp} x mesh_fsdp={spec.mesh_fsdp}",
     )
     models.lora_module_path(spec.target_modules)  # raises on unknown names
     if spec.quantization is not None:
@@ -369,11 +372,9 @@ class _Trainer(peft_trainer.PeftTrainer):
         """Tunix's train step (same loss, same update) over ``replicas`` copies of the model, each of its
         rows weighing what it weighs in Tunix's loss over the whole batch.
 
-        Each replica computes the gradients of its own rows (``jax.vmap`` over the replica axis, sharded
-        on dp: no collective between replicas inside), weighted by the tokens it scored; their sum over
-        the replicas, divided by the tokens in all, is the gradient of the mean over the whole batch,
-        which is what Tunix's loss takes. Each replica draws its own dropout masks (its index folded
-        into the random keys).
+        Each replica computes the gradients of its own rows (``per_replica``: no collective between
+        replicas inside), weighted by the tokens it scored; their sum over the replicas, divided by the
+        tokens in all, is the gradient of the mean over the whole batch, which is what Tunix's loss takes.
 
         Where each replica is one device, every gradient, the weighted losses and the token counts are
         concatenated and summed across replicas as one flat buffer: one all-reduce a step. Left to XLA,
@@ -381,30 +382,12 @@ class _Trainer(peft_trainer.PeftTrainer):
         CPU hosts, pays its latency once per array: dozens a step (bench/slice.py). Where a replica
         spans devices (fsdp or tp within it), its gradients are sharded over them, and concatenating
         them would gather and permute each one first: each array is summed on its own there."""
-        inputs = self.gen_model_input_fn(inputs)
-        r = self.replicas
-        graphdef, lora, keys, counts, rest = nnx.split(model, nnx.LoRAParam, nnx.RngKey, nnx.RngCount, ...)
+        batches, tokens = by_replica(self.gen_model_input_fn(inputs), self.replicas)
+        grad_fn = nnx.value_and_grad(self.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))
+        losses, grads = per_replica(model, batches, grad_fn)
         mesh = pxla.thread_resources.env.physical_mesh
-
-        def by_replica(x):  # (B, ...) -> (R, B / R, ...): replica i's rows on the dp axis
-            x = x.reshape(r, x.shape[0] // r, *x.shape[1:])
-            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec("dp", "fsdp")))
-
-        batches = jax.tree.map(by_replica, inputs)
-        tokens = jnp.sum(batches["input_mask"][:, :, 1:], axis=(1, 2)).astype(jnp.float32)  # scored, per replica
-
-        def replica(lora, keys, counts, rest, index, batch):
-            # Every state goes in as an argument (nnx refuses Variables of an outer trace), and each
-            # replica's random keys get its index folded in; the counts it advances come back out.
-            keys = jax.tree.map(lambda k: jax.random.fold_in(k, index), keys)
-            copy = nnx.merge(graphdef, lora, keys, counts, rest)
-            loss, grads = nnx.value_and_grad(self.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(copy, **batch)
-            return loss, grads, nnx.state(copy, nnx.RngCount)
-
-        losses, grads, new_counts = jax.vmap(
-            replica, in_axes=(None, None, None, None, 0, 0), out_axes=(0, 0, None), spmd_axis_name="dp"
-        )(lora, keys, counts, rest, jnp.arange(r), batches)
         if mesh.shape["fsdp"] * mesh.shape["tp"] == 1:
+            r = self.replicas
             leaves, treedef = jax.tree.flatten(grads)
             columns = [tokens[:, None] * g.reshape(r, -1).astype(jnp.float32) for g in leaves]
             summed = jnp.sum(jnp.concatenate([*columns, (tokens * losses)[:, None], tokens[:, None]], axis=1), axis=0)
@@ -421,10 +404,54 @@ class _Trainer(peft_trainer.PeftTrainer):
                 lambda g: (jnp.tensordot(tokens, g.astype(jnp.float32), axes=1) / total).astype(g.dtype), grads
             )
             loss = jnp.sum(tokens * losses) / total
-        nnx.update(model, new_counts)
         grad_norm = optax.global_norm(grads)
         optimizer.update(model, grads)
         return loss, None, grad_norm
+
+    def create_eval_step_fn(self):  # pyright: ignore[reportIncompatibleMethodOverride] (Tunix's own step returns (loss, aux), not its annotation)
+        return super().create_eval_step_fn() if self.replicas == 1 else self.replica_eval_step
+
+    def replica_eval_step(self, model, inputs):
+        """Tunix's eval step over the replicas: each scores its own rows (left to Tunix's step, the model's
+        activation shardings, which name fsdp and tp only, would gather the whole batch onto every
+        replica on a TPU or GPU), and the losses are weighted by the tokens each scored."""
+        batches, tokens = by_replica(self.gen_model_input_fn(inputs), self.replicas)
+        losses = per_replica(model, batches, self.eval_loss_fn)
+        return jnp.sum(tokens * losses) / (jnp.sum(tokens) + 1e-8), None
+
+
+def by_replica(inputs: dict, replicas: int) -> tuple[dict, jax.Array]:
+    """A micro-batch's model inputs split by replica, (B, ...) -> (R, B / R, ...) with replica i's rows on
+    the mesh's dp axis, and the tokens each replica scores (its loss's normalizer: ``input_mask[:, 1:]``)."""
+    mesh = pxla.thread_resources.env.physical_mesh
+
+    def split(x):
+        x = x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:])
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec("dp", "fsdp")))
+
+    batches = jax.tree.map(split, inputs)
+    return batches, jnp.sum(batches["input_mask"][:, :, 1:], axis=(1, 2)).astype(jnp.float32)
+
+
+def per_replica(model, batches: dict, fn):
+    """``fn(copy, **batch)`` for each replica's rows (``batches``: arrays of shape (R, rows, ...), R on the
+    mesh's dp axis), through ``jax.vmap``: the weights shared, no collective between replicas. Each
+    replica's random keys get its index folded in (its own dropout masks); the random counts the copies
+    advance are written back to ``model``. Returns ``fn``'s outputs stacked by replica."""
+    graphdef, keys, counts, rest = nnx.split(model, nnx.RngKey, nnx.RngCount, ...)
+    replicas = jax.tree.leaves(batches)[0].shape[0]
+
+    def replica(keys, counts, rest, index, batch):
+        # Every state goes in as an argument: nnx refuses to change a Variable of an outer trace.
+        keys = jax.tree.map(lambda k: jax.random.fold_in(k, index), keys)
+        copy = nnx.merge(graphdef, keys, counts, rest)
+        return fn(copy, **batch), nnx.state(copy, nnx.RngCount)
+
+    out, new_counts = jax.vmap(replica, in_axes=(None, None, None, 0, 0), out_axes=(0, None), spmd_axis_name="dp")(
+        keys, counts, rest, jnp.arange(replicas), batches
+    )
+    nnx.update(model, new_counts)
+    return out
 
 
 class _Checkpoints:
