@@ -163,6 +163,11 @@ class Estimate:
         return asdict(self)
 
 
+def mesh_name(dp: int, fsdp: int, tp: int) -> str:
+    """How a mesh is shown (the estimate, the engine's events and errors): dp only where there are replicas."""
+    return f"dp={dp} x fsdp={fsdp} x tp={tp}" if dp > 1 else f"fsdp={fsdp} x tp={tp}"
+
+
 def estimate(
     base: BaseModel, config: RunConfig, pool: Pool, fsdp: int, tp: int, dataset_tokens: int | None, *, dp: int = 1
 ) -> Estimate:
@@ -234,7 +239,7 @@ def estimate(
     return Estimate(
         params=params,
         lora_params=lora,
-        mesh=f"dp={dp} x fsdp={fsdp} x tp={tp}" if dp > 1 else f"fsdp={fsdp} x tp={tp}",
+        mesh=mesh_name(dp, fsdp, tp),
         weights_gib_per_chip=round(mem.weights / GiB, 3),
         lora_and_optimizer_gib_per_chip=round(mem.lora_and_optimizer / GiB, 3),
         activations_gib_per_chip=activations(by_remat["none"]),

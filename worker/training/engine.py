@@ -199,7 +199,7 @@ def make_mesh(fsdp: int, tp: int, dp: int = 1) -> jax.sharding.Mesh:
     only fsdp and tp: its weights are copied to each of the dp replicas."""
     n = dp * fsdp * tp
     devices = jax.devices()
-    shape = f"dp={dp} x fsdp={fsdp} x tp={tp}" if dp > 1 else f"fsdp={fsdp} x tp={tp}"
+    shape = estimate.mesh_name(dp, fsdp, tp)
     if n > len(devices):
         raise ValueError(f"mesh {shape} needs {n} devices; this host has {len(devices)}")
     if jax.process_count() > 1 and n != len(devices):
@@ -783,7 +783,7 @@ def train(spec: TrainSpec, reporter: Reporter) -> TrainResult:
 
     mesh = make_mesh(spec.mesh_fsdp, spec.mesh_tp, spec.mesh_dp)
     reporter.log(
-        f"mesh: dp={spec.mesh_dp} x fsdp={spec.mesh_fsdp} x tp={spec.mesh_tp} over {mesh.devices.size} devices"
+        f"mesh: {estimate.mesh_name(spec.mesh_dp, spec.mesh_fsdp, spec.mesh_tp)} over {mesh.devices.size} devices"
         + (f" ({spec.mesh_dp} replicas: one gradient sum a step)" if spec.mesh_dp > 1 else "")
     )
     if jax.process_count() > 1:
